@@ -1,0 +1,141 @@
+"""Server checks and resolution of the table include list against the source catalog."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import psycopg2.extensions
+
+from pgcdc_dagster.cdc.changes import Column, Relation
+from pgcdc_dagster.exceptions import ConfigurationError, MissingPrimaryKeyError, TableNotFoundError
+
+MIN_SERVER_VERSION = 140000
+
+_TABLES_SQL = """
+SELECT c.oid, n.nspname, c.relname, c.relreplident
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%%'
+  AND n.nspname NOT LIKE 'pg_temp%%'
+ORDER BY n.nspname, c.relname
+"""
+
+_COLUMNS_SQL = """
+SELECT a.attname, a.atttypid, a.atttypmod
+FROM pg_attribute a
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+_KEY_SQL = """
+SELECT i.indisprimary, a.attname
+FROM pg_index i
+JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
+ORDER BY i.indisprimary DESC, k.ord
+"""
+
+
+def check_server(conn: psycopg2.extensions.connection) -> int:
+    """Check the source can do logical decoding; return ``server_version_num``."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_setting('server_version_num')::int, "
+                    "current_setting('wal_level')")
+        version, wal_level = cur.fetchone()
+    if version < MIN_SERVER_VERSION:
+        raise ConfigurationError(
+            f"the source runs PostgreSQL {version // 10000}; pgcdc_dagster needs 14 or newer "
+            "(pgoutput messages and streaming)."
+        )
+    if wal_level != "logical":
+        raise ConfigurationError(
+            f"the source has wal_level = '{wal_level}', but change data capture needs 'logical'. "
+            "Fix: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL."
+        )
+    return int(version)
+
+
+def _matches(patterns: Sequence[str], schema: str, table: str) -> bool:
+    name = f"{schema}.{table}"
+    return any(re.fullmatch(p, name) for p in patterns)
+
+
+def compile_patterns(patterns: Sequence[str], setting: str) -> list[str]:
+    """Validate Debezium-style ``schema.table`` regular expressions."""
+    out = []
+    for raw in patterns:
+        pattern = raw.strip()
+        if not pattern:
+            continue
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigurationError(f"{setting}: {pattern!r} is not a valid regex: {exc}") from None
+        out.append(pattern)
+    return out
+
+
+def resolve_tables(conn: psycopg2.extensions.connection, include: Sequence[str],
+                   exclude: Sequence[str] = ()) -> list[Relation]:
+    """Return the captured tables, in name order, as relations whose key flags mark the key.
+
+    Patterns are Debezium ``table.include.list`` / ``table.exclude.list`` regular expressions
+    matched against ``schema.table``. An empty include list captures every table.
+
+    Raises:
+        TableNotFoundError: an include pattern matches no table.
+        MissingPrimaryKeyError: a matched table has neither a primary key nor a replica
+            identity index, so current state cannot be keyed.
+    """
+    include = compile_patterns(include, "PGCDC_TABLES (table.include.list)")
+    exclude = compile_patterns(exclude, "table.exclude.list")
+    with conn.cursor() as cur:
+        cur.execute(_TABLES_SQL)
+        candidates = cur.fetchall()
+    for pattern in include:
+        if not any(re.fullmatch(pattern, f"{s}.{t}") for _, s, t, _ in candidates):
+            raise TableNotFoundError(
+                f"no table in the source matches {pattern!r} from the include list. Check the "
+                "name (schema.table, a regular expression), create the table, or remove it "
+                "from PGCDC_TABLES."
+            )
+    relations = []
+    for oid, schema, table, ident in candidates:
+        if include and not _matches(include, schema, table):
+            continue
+        if _matches(exclude, schema, table):
+            continue
+        relations.append(describe_table(conn, oid, schema, table, ident))
+    return relations
+
+
+def describe_table(conn: psycopg2.extensions.connection, oid: int, schema: str, table: str,
+                   replica_identity: str) -> Relation:
+    """Build a Relation for one table from the catalog, key columns flagged."""
+    with conn.cursor() as cur:
+        cur.execute(_KEY_SQL, (oid,))
+        key_rows = cur.fetchall()
+        cur.execute(_COLUMNS_SQL, (oid,))
+        cols = cur.fetchall()
+    has_pk = any(primary for primary, _ in key_rows)
+    key = [name for primary, name in key_rows if primary == has_pk]
+    if not key:
+        raise MissingPrimaryKeyError(
+            f"table {schema}.{table} has no primary key, so its current state cannot be keyed. "
+            f"Fix: add one (ALTER TABLE {schema}.{table} ADD PRIMARY KEY (...)), or set REPLICA "
+            "IDENTITY USING INDEX on a unique index of NOT NULL columns, or exclude the table "
+            "from PGCDC_TABLES."
+        )
+    key_set = set(key)
+    columns = tuple(Column(name, int(typ), int(mod), name in key_set) for name, typ, mod in cols)
+    return Relation(int(oid), schema, table, str(replica_identity), columns)
+
+
+def table_exists(conn: psycopg2.extensions.connection, schema: str, table: str) -> bool:
+    """True when ``schema.table`` exists."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL",
+                    (schema, table))
+        return bool(cur.fetchone()[0])

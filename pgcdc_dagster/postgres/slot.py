@@ -1,0 +1,198 @@
+"""Replication slot and publication management: create, inspect, advance, drop.
+
+DDL helpers are idempotent and compose identifiers with ``psycopg2.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+from psycopg2 import sql
+
+from pgcdc_dagster.cdc.changes import Relation
+from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.exceptions import ConfigurationError, SlotInUseError, SlotLostError
+from pgcdc_dagster.postgres.connection import connect
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """State of a logical replication slot as ``pg_replication_slots`` reports it."""
+
+    name: str
+    plugin: str
+    database: str
+    active: bool
+    active_pid: int | None
+    restart_lsn: Lsn | None
+    confirmed_flush_lsn: Lsn | None
+    wal_status: str | None
+    retained_bytes: int
+    """WAL the slot keeps on the server: current WAL position minus ``restart_lsn``."""
+    lag_bytes: int
+    """Unconsumed WAL: current WAL position minus ``confirmed_flush_lsn``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedSlot:
+    """A freshly created slot and the snapshot exported at its consistent point."""
+
+    name: str
+    consistent_point: Lsn
+    snapshot_name: str
+
+
+def slot_info(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo | None:
+    """Return the slot's state, or None when it does not exist."""
+    with conn.cursor() as cur:
+        cur.execute(
+            """SELECT slot_name, plugin, database, active, active_pid, restart_lsn::text,
+                      confirmed_flush_lsn::text, wal_status,
+                      COALESCE(pg_current_wal_lsn() - restart_lsn, 0)::bigint,
+                      COALESCE(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint
+               FROM pg_replication_slots WHERE slot_name = %s""",
+            (slot,),
+        )
+        row = cur.fetchone()
+    if row is None:
+        return None
+    name, plugin, database, active, pid, restart, confirmed, wal_status, retained, lag = row
+    return SlotInfo(
+        name, plugin or "", database or "", bool(active), pid,
+        Lsn.parse(restart) if restart else None,
+        Lsn.parse(confirmed) if confirmed else None,
+        wal_status, int(retained), int(lag),
+    )
+
+
+def require_usable_slot(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo:
+    """Return the slot's state; raise when it is missing, lost, or read by someone else."""
+    info = slot_info(conn, slot)
+    if info is None:
+        raise SlotLostError(
+            f"replication slot {slot!r} does not exist. Run the initial_snapshot job to create "
+            "it (or set snapshot.mode = when_needed to re-snapshot automatically)."
+        )
+    if info.wal_status == "lost" or info.confirmed_flush_lsn is None:
+        raise SlotLostError(
+            f"replication slot {slot!r} is invalidated (wal_status={info.wal_status}): the WAL "
+            "it needed was removed, so changes were lost. Drop the slot and run the "
+            "initial_snapshot job again (a re-snapshot replaces silver)."
+        )
+    if info.plugin != "pgoutput":
+        raise ConfigurationError(
+            f"replication slot {slot!r} uses plugin {info.plugin!r}, not pgoutput; choose "
+            "another PGCDC_SLOT or drop that slot."
+        )
+    if info.active:
+        raise SlotInUseError(
+            f"replication slot {slot!r} is in use by another process (pid {info.active_pid}); "
+            "only one reader may use a slot. Retry when that run has finished."
+        )
+    return info
+
+
+def current_flush_lsn(conn: psycopg2.extensions.connection) -> Lsn:
+    """The WAL position flushed to disk: logical decoding never reads past it."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_flush_lsn()::text")
+        return Lsn.parse(cur.fetchone()[0])
+
+
+def advance_slot(conn: psycopg2.extensions.connection, slot: str, lsn: Lsn) -> Lsn:
+    """Move the slot's confirmed position to ``lsn`` (never backwards); return the new one."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                (slot, str(lsn)),
+            )
+            return Lsn.parse(cur.fetchone()[0])
+    except psycopg2.errors.ObjectInUse as exc:
+        raise SlotInUseError(f"cannot advance slot {slot!r}: {exc.pgerror}") from None
+
+
+@contextmanager
+def create_slot_with_snapshot(dsn: str, slot: str) -> Iterator[ExportedSlot]:
+    """Create a pgoutput slot with an exported snapshot; keep it valid until exit.
+
+    The replication connection is held open (and idle) for the whole block: the exported
+    snapshot can be imported with ``SET TRANSACTION SNAPSHOT`` only while it lives.
+    """
+    conn = connect(dsn, replication=True, application_name="pgcdc_dagster snapshot")
+    try:
+        with conn.cursor() as cur:
+            command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT")
+            try:
+                cur.execute(command.format(sql.Identifier(slot)).as_string(conn))
+            except psycopg2.errors.DuplicateObject:
+                raise ConfigurationError(
+                    f"replication slot {slot!r} already exists; a consistent initial snapshot "
+                    "needs a new slot. Drop it (teardown job) or keep streaming from it."
+                ) from None
+            name, point, snapshot, _plugin = cur.fetchone()
+        yield ExportedSlot(str(name), Lsn.parse(point), str(snapshot))
+    finally:
+        conn.close()
+
+
+def drop_slot(conn: psycopg2.extensions.connection, slot: str) -> bool:
+    """Drop the slot if it exists; True when one was dropped."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE slot_name = %s", (slot,))
+        return cur.rowcount > 0
+
+
+def ensure_publication(conn: psycopg2.extensions.connection, name: str,
+                       tables: Sequence[Relation], mode: str = "filtered") -> None:
+    """Create or extend the publication (``publication.autocreate.mode``).
+
+    ``filtered`` publishes exactly the captured tables (adding missing ones), ``all_tables``
+    creates ``FOR ALL TABLES``, ``disabled`` only checks that the publication exists.
+    """
+    with conn.cursor() as cur:
+        cur.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,))
+        row = cur.fetchone()
+        if mode == "disabled":
+            if row is None:
+                raise ConfigurationError(
+                    f"publication {name!r} does not exist and publication.autocreate.mode is "
+                    "'disabled'. Create it, or set the mode to 'filtered'."
+                )
+            return
+        ident = sql.Identifier(name)
+        if mode == "all_tables":
+            if row is None:
+                cur.execute(sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(ident))
+            return
+        if mode != "filtered":
+            raise ConfigurationError(
+                f"publication.autocreate.mode must be all_tables, disabled or filtered, not {mode!r}"
+            )
+        wanted = [sql.Identifier(t.namespace, t.name) for t in tables]
+        if row is None:
+            stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}")
+            cur.execute(stmt.format(ident, sql.SQL(", ").join(wanted)))
+            return
+        if row[0]:
+            return
+        cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                    (name,))
+        present = set(cur.fetchall())
+        missing = [sql.Identifier(t.namespace, t.name) for t in tables
+                   if (t.namespace, t.name) not in present]
+        if missing:
+            stmt = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}")
+            cur.execute(stmt.format(ident, sql.SQL(", ").join(missing)))
+
+
+def drop_publication(conn: psycopg2.extensions.connection, name: str) -> None:
+    """Drop the publication if it exists."""
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))

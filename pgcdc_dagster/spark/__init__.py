@@ -1,0 +1,1 @@
+"""PySpark adapters: session building, parallel snapshot tasks, silver batch preparation."""

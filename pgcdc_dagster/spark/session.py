@@ -1,0 +1,62 @@
+"""Building the Spark session with the settings this project depends on.
+
+Never sets the Delta SQL extension or catalog: no Delta jars can be loaded here, and all
+Delta commits go through delta-rs (design.md §3, decision 1).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+REQUIRED_CONF: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+_FORBIDDEN = ("io.delta.sql.DeltaSparkSessionExtension",
+              "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+
+
+def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
+                  conf: Mapping[str, str] | None = None,
+                  driver_memory: str | None = None) -> SparkSession:
+    """Create (or reuse) the Spark session.
+
+    Args:
+        master: Spark master URL, e.g. ``local[2]`` or ``spark://host:7077``.
+        app_name: application name shown in the Spark UI.
+        conf: extra Spark settings; they may not enable the Delta extension or catalog.
+        driver_memory: ``spark.driver.memory`` (only effective for a new JVM).
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = dict(REQUIRED_CONF)
+    if not master.startswith("local"):
+        settings.pop("spark.driver.bindAddress")
+    if driver_memory:
+        settings["spark.driver.memory"] = driver_memory
+    for key, value in (conf or {}).items():
+        if any(f in value for f in _FORBIDDEN):
+            raise ValueError(f"{key}={value}: Delta Spark classes are not used; delta-rs commits")
+        settings[key] = value
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session

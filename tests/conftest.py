@@ -1,0 +1,97 @@
+"""Session fixtures: a throwaway PostgreSQL, one local Spark session, lakehouse dirs.
+
+``PGCDC_TEST_DSN`` points the tests at an existing server (it needs wal_level=logical and a
+role allowed to create databases, slots and publications) instead of starting one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from pgcdc_dagster.postgres.local_cluster import LocalCluster
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="pgcdc-dagster-home-"))
+_dagster_yaml = Path(os.environ["DAGSTER_HOME"]) / "dagster.yaml"
+if not _dagster_yaml.exists():
+    _dagster_yaml.write_text("telemetry:\n  enabled: false\n")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """DSN of the server's maintenance database (``postgres``)."""
+    external = os.environ.get("PGCDC_TEST_DSN")
+    if external:
+        yield external
+        return
+    root = Path(tempfile.mkdtemp(prefix="pgcdc-test-pg-"))
+    cluster = LocalCluster(root / "pg").start()
+    try:
+        yield cluster.dsn
+    finally:
+        cluster.stop()
+
+
+def _with_dbname(dsn: str, dbname: str) -> str:
+    parts = [p for p in dsn.split() if not p.startswith("dbname=")]
+    return " ".join([*parts, f"dbname={dbname}"])
+
+
+@pytest.fixture
+def pg_dsn(pg_server: str) -> Iterator[str]:
+    """A fresh, empty database for one test; its slots are dropped and it is removed after."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(pg_server)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_dbname(pg_server, name)
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE database = %s AND active_pid IS NOT NULL", (name,))
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE database = %s", (name,))
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture
+def pg_conn(pg_dsn: str) -> Iterator[psycopg2.extensions.connection]:
+    """An autocommit connection to the test's fresh database."""
+    conn = psycopg2.connect(pg_dsn)
+    conn.autocommit = True
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="session")
+def spark():  # noqa: ANN201 - pyspark types are imported lazily
+    """One local[2] Spark session for the whole test session."""
+    from pgcdc_dagster.spark.session import build_session
+
+    session = build_session(master="local[2]", app_name="pgcdc-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def lakehouse(tmp_path: Path) -> Path:
+    """An empty lakehouse root for one test."""
+    path = tmp_path / "lakehouse"
+    path.mkdir()
+    return path
