@@ -72,7 +72,8 @@ def compile_patterns(patterns: Sequence[str], setting: str) -> list[str]:
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise ConfigurationError(f"{setting}: {pattern!r} is not a valid regex: {exc}") from None
+            raise ConfigurationError(
+                f"{setting}: {pattern!r} is not a valid regular expression: {exc}") from None
         out.append(pattern)
     return out
 

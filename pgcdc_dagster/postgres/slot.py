@@ -173,7 +173,8 @@ def ensure_publication(conn: psycopg2.extensions.connection, name: str,
             return
         if mode != "filtered":
             raise ConfigurationError(
-                f"publication.autocreate.mode must be all_tables, disabled or filtered, not {mode!r}"
+                "publication.autocreate.mode must be all_tables, disabled or filtered, "
+                f"not {mode!r}"
             )
         wanted = [sql.Identifier(t.namespace, t.name) for t in tables]
         if row is None:

@@ -1,0 +1,47 @@
+"""Plain capture settings, built by the Dagster resources (or by tests and the demo)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pgcdc_dagster.cdc.typeconv import TypeModes
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureSettings:
+    """Everything the engine needs to know about one capture (one slot).
+
+    Debezium property names are given where one exists.
+    """
+
+    dsn: str
+    lakehouse: str
+    include: tuple[str, ...] = ()
+    """``table.include.list``: ``schema.table`` regular expressions; empty = every table."""
+    exclude: tuple[str, ...] = ()
+    """``table.exclude.list``."""
+    slot: str = "pgcdc"
+    """``slot.name``."""
+    publication: str = "pgcdc"
+    """``publication.name``."""
+    publication_autocreate: str = "filtered"
+    """``publication.autocreate.mode``: filtered | all_tables | disabled."""
+    topic_prefix: str = "pgcdc"
+    """``topic.prefix``: the logical server name in ``source.name``."""
+    modes: TypeModes = field(default_factory=TypeModes)
+    snapshot_mode: str = "initial"
+    """``snapshot.mode``."""
+    window_max_bytes: int = 64 << 20
+    """Largest WAL span one window reads (transactions are never split, so a transaction
+    larger than this arrives whole in the window where it commits)."""
+    max_windows: int = 1000
+    """Windows one micro-batch run may read before it returns."""
+    time_budget_s: float = 600.0
+    """Seconds a micro-batch run may spend before it stops at a window boundary."""
+    snapshot_chunk_bytes: int = 64 << 20
+    """Heap bytes per snapshot chunk (CTID range)."""
+
+    @property
+    def app_prefix(self) -> str:
+        """Prefix of the Delta app-transaction ids of this capture."""
+        return f"pgcdc:{self.slot}"

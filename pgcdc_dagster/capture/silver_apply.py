@@ -1,0 +1,76 @@
+"""Silver catch-up: apply the bronze rows appended since silver last caught up.
+
+Silver records, as its app transaction, the bronze table version it has applied through;
+the files added to bronze after that version are the batch. Because the MERGE is
+order-independent (greatest sequence wins, tombstones), replaying a batch is harmless.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from pgcdc_dagster.capture.tables import TableContext
+from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files, open_table
+from pgcdc_dagster.lake.silver import merge_batch, silver_from_images
+from pgcdc_dagster.spark.silver_batch import prepare
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass
+class SilverReport:
+    """Outcome of one silver catch-up of one table."""
+
+    table: str
+    bronze_from: int | None
+    bronze_to: int
+    events: int
+    rows: int
+    counts: dict[str, int]
+    silver_version: int
+    seconds: float
+
+
+def apply_silver(ctx: TableContext, spark: SparkSession) -> SilverReport:
+    """Bring the table's silver up to its bronze's current version."""
+    started = time.monotonic()
+    bronze = open_table(ctx.bronze_uri)
+    if bronze is None:
+        raise FileNotFoundError(f"bronze table {ctx.bronze_uri} does not exist yet; run the "
+                                "initial_snapshot job first")
+    silver = ensure_table(ctx.silver_uri, ctx.silver_schema)
+    applied = committed_version(silver, ctx.silver_app_id)
+    target = bronze.version()
+    if applied is not None and applied >= target:
+        return SilverReport(ctx.name, applied, target, 0, 0, {}, silver.version(),
+                            time.monotonic() - started)
+    files = new_files(ctx.bronze_uri, applied, target)
+    meta = {"pgcdc.kind": "silver", "pgcdc.bronze_version": str(target)}
+    if not files:
+        counts = merge_batch(ctx.silver_uri, ctx.silver_schema.empty_table(),
+                             pa.array([], pa.list_(pa.string())), relation=ctx.relation,
+                             toastable=ctx.toastable, app_id=ctx.silver_app_id, version=target,
+                             truncate_seq=None, metadata=meta)
+        return SilverReport(ctx.name, applied, target, 0, 0, counts,
+                            ensure_table(ctx.silver_uri, ctx.silver_schema).version(),
+                            time.monotonic() - started)
+    batch = prepare(spark, files, ctx.relation.key_names, ctx.toastable)
+    rows = batch.rows
+    image = rows.column("image").combine_chunks()
+    meta_cols = {name: rows.column(name).combine_chunks()
+                 for name in ("__lsn", "__commit_lsn", "__ordinal", "__source_ts_ms")}
+    silver_rows = silver_from_images(image, rows.column("op").combine_chunks(), meta_cols,
+                                     ctx.relation, ctx.converters)
+    counts = merge_batch(ctx.silver_uri, silver_rows,
+                         rows.column("__toast_unchanged").combine_chunks(),
+                         relation=ctx.relation, toastable=ctx.toastable,
+                         app_id=ctx.silver_app_id, version=target,
+                         truncate_seq=batch.truncate_seq, metadata=meta)
+    return SilverReport(ctx.name, applied, target, batch.events, rows.num_rows, counts,
+                        ensure_table(ctx.silver_uri, ctx.silver_schema).version(),
+                        time.monotonic() - started)

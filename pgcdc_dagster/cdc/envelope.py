@@ -1,0 +1,232 @@
+"""Debezium change-event envelopes as Arrow: the bronze row layout (EVT- items).
+
+One bronze row per change event: ``key``, ``before``, ``after``, ``source``, ``op``, ``ts_ms``,
+``transaction``, plus sortable sequence columns ``__commit_lsn`` / ``__ordinal`` (the order
+silver uses) and ``__toast_unchanged`` (columns whose value was unchanged TOAST and is held
+by the placeholder, so silver never writes the placeholder over the stored value).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Relation, Row, TableChanges
+from pgcdc_dagster.cdc.typeconv import ColumnConverter
+
+CONNECTOR_VERSION = "2.7.0.pgcdc"
+"""Reported in ``source.version``: the Debezium event format this project follows."""
+
+SOURCE_TYPE = pa.struct([
+    pa.field("version", pa.string(), nullable=False),
+    pa.field("connector", pa.string(), nullable=False),
+    pa.field("name", pa.string(), nullable=False),
+    pa.field("ts_ms", pa.int64(), nullable=False),
+    pa.field("snapshot", pa.string()),
+    pa.field("db", pa.string(), nullable=False),
+    pa.field("sequence", pa.string()),
+    pa.field("ts_us", pa.int64()),
+    pa.field("schema", pa.string(), nullable=False),
+    pa.field("table", pa.string(), nullable=False),
+    pa.field("txId", pa.int64()),
+    pa.field("lsn", pa.int64()),
+    pa.field("xmin", pa.int64()),
+])
+
+TRANSACTION_TYPE = pa.struct([
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("total_order", pa.int64(), nullable=False),
+    pa.field("data_collection_order", pa.int64(), nullable=False),
+])
+
+SEQUENCE_COLUMNS = ("__commit_lsn", "__ordinal")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceIdentity:
+    """Connector-level values of every ``source`` block."""
+
+    name: str
+    """Debezium ``topic.prefix`` (logical server name)."""
+    db: str
+
+
+def value_type(converters: Sequence[ColumnConverter]) -> pa.StructType:
+    """The ``<prefix>.<schema>.<table>.Value`` struct: one bronze field per column."""
+    return pa.struct([c.bronze_field for c in converters])
+
+
+def key_type(relation: Relation, converters: Sequence[ColumnConverter]) -> pa.StructType:
+    """The ``...Key`` struct: the key columns' bronze fields, non-nullable."""
+    return pa.struct([
+        c.bronze_field.with_nullable(False)
+        for col, c in zip(relation.columns, converters, strict=True) if col.is_key
+    ])
+
+
+def bronze_schema(relation: Relation, converters: Sequence[ColumnConverter]) -> pa.Schema:
+    """Arrow schema of a table's bronze change events."""
+    value = value_type(converters)
+    return pa.schema([
+        pa.field("key", key_type(relation, converters)),
+        pa.field("before", value),
+        pa.field("after", value),
+        pa.field("source", SOURCE_TYPE, nullable=False),
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("ts_ms", pa.int64()),
+        pa.field("transaction", TRANSACTION_TYPE),
+        pa.field("__commit_lsn", pa.int64(), nullable=False),
+        pa.field("__ordinal", pa.int64(), nullable=False),
+        pa.field("__toast_unchanged", pa.list_(pa.string())),
+    ], metadata={"pgcdc.relation": f"{relation.namespace}.{relation.name}"})
+
+
+def _image(rows: Sequence[Row | None], converters: Sequence[ColumnConverter],
+           struct_type: pa.StructType) -> tuple[pa.StructArray, list[list[str]] | None]:
+    """Convert row tuples of text values into a struct of bronze values.
+
+    Returns the struct and, when any value was unchanged TOAST, the per-row names of those
+    columns (their bronze value is the type's placeholder).
+    """
+    width = len(converters)
+    empty = (None,) * width
+    filled = [r if r is not None else empty for r in rows]
+    columns = list(zip(*filled, strict=True)) if filled else [() for _ in range(width)]
+    arrays = []
+    unchanged: list[list[str]] | None = None
+    for idx, (values, conv) in enumerate(zip(columns, converters, strict=True)):
+        toast_mask = None
+        if UNCHANGED_TOAST in values:
+            flags = [v is UNCHANGED_TOAST for v in values]
+            toast_mask = pa.array(flags, pa.bool_())
+            values = tuple(None if f else v for v, f in zip(values, flags, strict=True))
+            if unchanged is None:
+                unchanged = [[] for _ in rows]
+            name = conv.bronze_field.name
+            for row_no, flag in enumerate(flags):
+                if flag:
+                    unchanged[row_no].append(name)
+        text = pa.array(values, pa.binary()).cast(pa.string())
+        converted = conv.to_bronze(text)
+        if toast_mask is not None:
+            placeholder = conv.bronze_placeholder()
+            if placeholder is None:
+                placeholder = pa.scalar(None, converted.type)
+            converted = pc.if_else(toast_mask, placeholder, converted)
+        arrays.append(converted)
+        del idx
+    mask = pa.array([r is None for r in rows], pa.bool_())
+    struct = pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=mask)
+    return struct, unchanged
+
+
+def _key(relation: Relation, image: pa.StructArray, key_struct: pa.StructType) -> pa.StructArray:
+    names = [f.name for f in key_struct]
+    arrays = [image.field(n) for n in names]
+    return pa.StructArray.from_arrays(arrays, fields=list(key_struct), mask=image.is_null())
+
+
+def split_key_changes(seg: TableChanges) -> TableChanges:
+    """Turn each update that changed the key into a delete of the old key plus a create.
+
+    Debezium emits a DELETE (old key) and a CREATE (new key) when a primary key changes;
+    silver then drops the old key and inserts the new one.
+    """
+    key_pos = [i for i, c in enumerate(seg.relation.columns) if c.is_key]
+    changed = [
+        i for i, (op, before) in enumerate(zip(seg.op, seg.before, strict=True))
+        if op == "u" and before is not None and seg.after[i] is not None
+        and any(before[k] != seg.after[i][k] for k in key_pos)  # type: ignore[index]
+    ]
+    if not changed:
+        return seg
+    out = TableChanges(seg.relation)
+    lists = ("commit_lsn", "lsn", "xid", "commit_ts_us", "total_order", "collection_order",
+             "truncate_options")
+    changed_set = set(changed)
+    for i in range(len(seg)):
+        copies = [("d", seg.before[i], None), ("c", None, seg.after[i])] if i in changed_set \
+            else [(seg.op[i], seg.before[i], seg.after[i])]
+        for op, before, after in copies:
+            out.op.append(op)
+            out.before.append(before)
+            out.before_key_only.append(seg.before_key_only[i] if seg.before_key_only else False)
+            out.after.append(after)
+            for name in lists:
+                src = getattr(seg, name)
+                if src:
+                    getattr(out, name).append(src[i])
+    return out
+
+
+def _sequence_strings(commit_lsn: Sequence[int], lsn: Sequence[int]) -> list[str]:
+    return [json.dumps([str(c), str(x)]) for c, x in zip(commit_lsn, lsn, strict=True)]
+
+
+def bronze_from_changes(seg: TableChanges, converters: Sequence[ColumnConverter],
+                        ident: SourceIdentity, processed_ms: int) -> pa.Table:
+    """Bronze rows for one stream segment (ops c/u/d/t), in the segment's order."""
+    seg = split_key_changes(seg)
+    relation = seg.relation
+    schema = bronze_schema(relation, converters)
+    value = value_type(converters)
+    n = len(seg)
+    before, _ = _image(seg.before, converters, value)
+    after, unchanged = _image(seg.after, converters, value)
+    key_struct = key_type(relation, converters)
+    key_after = _key(relation, after, key_struct)
+    key_before = _key(relation, before, key_struct)
+    key = pc.if_else(pc.is_null(key_after), key_before, key_after)
+    ts_ms = [t // 1000 for t in seg.commit_ts_us]
+    source = pa.StructArray.from_arrays([
+        pa.array([CONNECTOR_VERSION] * n), pa.array(["postgresql"] * n),
+        pa.array([ident.name] * n), pa.array(ts_ms, pa.int64()), pa.array(["false"] * n),
+        pa.array([ident.db] * n), pa.array(_sequence_strings(seg.commit_lsn, seg.lsn)),
+        pa.array(seg.commit_ts_us, pa.int64()),
+        pa.array([relation.namespace] * n), pa.array([relation.name] * n),
+        pa.array(seg.xid, pa.int64()), pa.array(seg.lsn, pa.int64()), pa.nulls(n, pa.int64()),
+    ], fields=list(SOURCE_TYPE))
+    transaction = pa.StructArray.from_arrays([
+        pa.array([f"{x}:{c}" for x, c in zip(seg.xid, seg.commit_lsn, strict=True)]),
+        pa.array(seg.total_order, pa.int64()), pa.array(seg.collection_order, pa.int64()),
+    ], fields=list(TRANSACTION_TYPE))
+    return pa.Table.from_arrays([
+        key, before, after, source, pa.array(seg.op, pa.string()),
+        pa.array([processed_ms] * n, pa.int64()), transaction,
+        pa.array(seg.commit_lsn, pa.int64()), pa.array(seg.total_order, pa.int64()),
+        pa.array(unchanged if unchanged is not None else [None] * n, pa.list_(pa.string())),
+    ], schema=schema)
+
+
+def bronze_from_snapshot(relation: Relation, converters: Sequence[ColumnConverter],
+                         text: pa.RecordBatch, ident: SourceIdentity, *, lsn: int,
+                         snapshot: str, processed_ms: int) -> pa.Table:
+    """Bronze ``op = r`` rows for a batch of snapshot rows (every column as text).
+
+    ``lsn`` is the snapshot's position (the slot's consistent point, or the high watermark
+    of an incremental-snapshot chunk); it is the rows' commit LSN, with ordinal 0 so any
+    streamed change at the same position sorts after them.
+    """
+    schema = bronze_schema(relation, converters)
+    n = text.num_rows
+    arrays = [conv.to_bronze(text.column(i)) for i, conv in enumerate(converters)]
+    after = pa.StructArray.from_arrays(arrays, fields=list(value_type(converters)))
+    key = _key(relation, after, key_type(relation, converters))
+    source = pa.StructArray.from_arrays([
+        pa.array([CONNECTOR_VERSION] * n), pa.array(["postgresql"] * n),
+        pa.array([ident.name] * n), pa.array([processed_ms] * n, pa.int64()),
+        pa.array([snapshot] * n), pa.array([ident.db] * n),
+        pa.array([json.dumps([None, str(lsn)])] * n), pa.array([processed_ms * 1000] * n),
+        pa.array([relation.namespace] * n), pa.array([relation.name] * n),
+        pa.nulls(n, pa.int64()), pa.array([lsn] * n, pa.int64()), pa.nulls(n, pa.int64()),
+    ], fields=list(SOURCE_TYPE))
+    return pa.Table.from_arrays([
+        key, pa.nulls(n, schema.field("before").type), after, source,
+        pa.array(["r"] * n), pa.array([processed_ms] * n, pa.int64()),
+        pa.nulls(n, TRANSACTION_TYPE), pa.array([lsn] * n, pa.int64()),
+        pa.array([0] * n, pa.int64()), pa.nulls(n, pa.list_(pa.string())),
+    ], schema=schema)

@@ -1,0 +1,95 @@
+"""Bronze (Debezium-encoded) values back to native silver values, keyed by semantic type.
+
+Silver is derived from bronze, so silver can always be rebuilt from bronze. A converter may
+implement ``from_bronze`` itself; otherwise the Debezium semantic name in the bronze field's
+metadata decides the decoding (TYPE- items of the seed inventory).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from decimal import Decimal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc_dagster.cdc.typeconv import ColumnConverter
+
+
+def _meta(field: pa.Field, key: str) -> str | None:
+    value = (field.metadata or {}).get(key.encode())
+    return value.decode() if value is not None else None
+
+
+def _scale(field: pa.Field) -> int:
+    params = json.loads(_meta(field, "debezium.parameters") or "{}")
+    return int(params.get("scale", 0))
+
+
+def _unscaled(raw: bytes, scale: int) -> Decimal:
+    return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
+
+
+def _decimal(arr: pa.Array, field: pa.Field, target: pa.DataType) -> pa.Array:
+    scale = _scale(field)
+    values = [None if v is None else _unscaled(v, scale) for v in arr.to_pylist()]
+    return pa.array(values, target)
+
+
+def _variable_decimal(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    out: list[object] = []
+    for v in arr.to_pylist():
+        if v is None:
+            out.append(None)
+            continue
+        d = _unscaled(v["value"], int(v["scale"]))
+        out.append(str(d) if pa.types.is_string(target) else d)
+    return pa.array(out, target)
+
+
+def _zoned(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    text = pc.replace_substring_regex(arr, r"Z$", "+00:00")
+    return pc.cast(text, pa.timestamp("us", tz="UTC")).cast(target)
+
+
+def _scaled_int(factor: int, unit_type: pa.DataType) -> Callable[[pa.Array, pa.DataType], pa.Array]:
+    def convert(arr: pa.Array, target: pa.DataType) -> pa.Array:
+        ints = pc.cast(arr, pa.int64())
+        if factor > 0:
+            ints = pc.multiply(ints, factor)
+        elif factor < 0:
+            ints = pc.divide(ints, -factor)
+        return pc.cast(ints.cast(unit_type), target)
+    return convert
+
+
+_BY_NAME: dict[str, Callable[[pa.Array, pa.DataType], pa.Array]] = {
+    "io.debezium.time.ZonedTimestamp": _zoned,
+    "io.debezium.time.Date": lambda a, t: pc.cast(pc.cast(a, pa.int32()).cast(pa.date32()), t),
+    "io.debezium.time.MicroTimestamp": _scaled_int(0, pa.timestamp("us")),
+    "io.debezium.time.Timestamp": _scaled_int(1000, pa.timestamp("us")),
+    "io.debezium.time.NanoTimestamp": _scaled_int(-1000, pa.timestamp("us")),
+    "io.debezium.time.MicroTime": _scaled_int(0, pa.time64("us")),
+    "io.debezium.time.Time": _scaled_int(1000, pa.time64("us")),
+    "io.debezium.time.NanoTime": _scaled_int(-1000, pa.time64("us")),
+    "io.debezium.data.VariableScaleDecimal": _variable_decimal,
+}
+
+
+def from_bronze(conv: ColumnConverter, values: pa.Array) -> pa.Array:
+    """Decode one column of bronze values into the converter's silver type."""
+    custom = getattr(conv, "from_bronze", None)
+    if custom is not None:
+        return custom(values)  # type: ignore[no-any-return]
+    target = conv.silver_field.type
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if values.type == target:
+        return values
+    name = _meta(conv.bronze_field, "debezium.name")
+    if name == "org.apache.kafka.connect.data.Decimal" and pa.types.is_decimal(target):
+        return _decimal(values, conv.bronze_field, target)
+    if name in _BY_NAME:
+        return _BY_NAME[name](values, target)
+    return pc.cast(values, target)

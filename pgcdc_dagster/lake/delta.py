@@ -1,0 +1,134 @@
+"""Thin, idempotent Delta operations on delta-rs.
+
+Exactly-once (design.md §3, decision 3): every commit that applies a window records an app
+transaction ``(app_id, version)``; readers ask :func:`committed_version` and skip what is at
+or below it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction
+
+from pgcdc_dagster.lake.paths import is_local
+
+WRITER_FEATURES: Mapping[str, str] = {
+    # Keep reader v1 / writer v2: readable by Spark+Delta, delta-rs, DuckDB and Polars.
+    "delta.minReaderVersion": "1",
+    "delta.minWriterVersion": "2",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """A Parquet file written inside a table directory, ready to be added to the log."""
+
+    path: str
+    """Path relative to the table root."""
+    size: int
+    num_records: int
+    stats: str
+
+
+def open_table(uri: str) -> DeltaTable | None:
+    """The table at ``uri``, or None when no Delta table exists there."""
+    try:
+        return DeltaTable(uri)
+    except TableNotFoundError:
+        return None
+
+
+def ensure_table(uri: str, schema: pa.Schema) -> DeltaTable:
+    """Open the table, creating it empty with ``schema`` when missing."""
+    table = open_table(uri)
+    if table is not None:
+        return table
+    if is_local(uri):
+        os.makedirs(uri, exist_ok=True)
+    return DeltaTable.create(uri, schema, mode="ignore")
+
+
+def committed_version(table: DeltaTable | None, app_id: str) -> int | None:
+    """Version recorded by the last commit of ``app_id`` (None when there is none)."""
+    if table is None:
+        return None
+    return table.transaction_version(app_id)
+
+
+def commit_properties(app_id: str, version: int,
+                      metadata: Mapping[str, str] | None = None) -> CommitProperties:
+    """CommitProperties carrying the app transaction and string metadata."""
+    return CommitProperties(
+        app_transactions=[Transaction(app_id, version)],
+        custom_metadata=dict(metadata or {}),
+    )
+
+
+def append_arrow(uri: str, data: pa.Table, *, app_id: str, version: int,
+                 metadata: Mapping[str, str] | None = None) -> int:
+    """Append ``data`` with an app transaction; return the new table version."""
+    write_deltalake(uri, data, mode="append", schema_mode="merge",
+                    commit_properties=commit_properties(app_id, version, metadata))
+    return DeltaTable(uri).version()
+
+
+def _stats(path: str, num_records: int) -> str:
+    """Delta file statistics: record count, and min/max/null counts of flat columns."""
+    meta = pq.read_metadata(path)
+    mins: dict[str, object] = {}
+    maxs: dict[str, object] = {}
+    nulls: dict[str, int] = {}
+    schema = meta.schema.to_arrow_schema()
+    flat = {f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_boolean(f.type)}
+    for rg in range(meta.num_row_groups):
+        group = meta.row_group(rg)
+        for ci in range(group.num_columns):
+            col = group.column(ci)
+            name = col.path_in_schema
+            if name not in flat or col.statistics is None or not col.statistics.has_min_max:
+                continue
+            lo, hi = col.statistics.min, col.statistics.max
+            mins[name] = lo if name not in mins else min(mins[name], lo)  # type: ignore[call-overload]
+            maxs[name] = hi if name not in maxs else max(maxs[name], hi)  # type: ignore[call-overload]
+            nulls[name] = nulls.get(name, 0) + int(col.statistics.null_count or 0)
+    return json.dumps({"numRecords": num_records, "minValues": mins, "maxValues": maxs,
+                       "nullCount": nulls})
+
+
+def describe_file(table_root: str, relative: str, num_records: int) -> DataFile:
+    """Build the DataFile of a local Parquet file already written under ``table_root``."""
+    full = os.path.join(table_root, relative)
+    return DataFile(relative, os.path.getsize(full), num_records, _stats(full, num_records))
+
+
+def commit_files(table: DeltaTable, files: Sequence[DataFile], schema: pa.Schema, *,
+                 mode: str, app_id: str, version: int,
+                 metadata: Mapping[str, str] | None = None) -> int:
+    """Commit Parquet files written into the table directory (``append`` or ``overwrite``).
+
+    ``overwrite`` removes every file the table had: a re-snapshot replaces silver.
+    """
+    now = int(time.time() * 1000)
+    actions = [AddAction(f.path, f.size, {}, now, True, f.stats) for f in files]
+    table.create_write_transaction(actions, mode, schema,
+                                   commit_properties=commit_properties(app_id, version, metadata))
+    table.update_incremental()
+    return table.version()
+
+
+def new_files(uri: str, since_version: int | None, until_version: int) -> list[str]:
+    """Files added to an append-only table after ``since_version`` up to ``until_version``."""
+    now = set(DeltaTable(uri, version=until_version).file_uris())
+    if since_version is None or since_version < 0:
+        return sorted(now)
+    before = set(DeltaTable(uri, version=since_version).file_uris())
+    return sorted(now - before)

@@ -1,0 +1,127 @@
+"""Silver: current state per key, merged order-independently (design.md §3, decision 4).
+
+Silver holds the source columns in native types plus ``__op``, ``__lsn`` (Debezium
+``source.lsn``), ``__commit_lsn`` and ``__ordinal`` (the sequence: greatest wins),
+``__source_ts_ms`` and ``__deleted``. A delete leaves a tombstone row (``__deleted = true``,
+the key and whatever the old image held) so that a replayed older event cannot resurrect the
+key; tombstones older than the retention are purged. Read live rows with
+``WHERE NOT __deleted``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from pgcdc_dagster.cdc.changes import Relation
+from pgcdc_dagster.cdc.silver_values import from_bronze
+from pgcdc_dagster.cdc.typeconv import ColumnConverter
+from pgcdc_dagster.lake.delta import commit_properties, ensure_table
+
+META_FIELDS = (
+    pa.field("__op", pa.string(), nullable=False),
+    pa.field("__lsn", pa.int64()),
+    pa.field("__commit_lsn", pa.int64(), nullable=False),
+    pa.field("__ordinal", pa.int64(), nullable=False),
+    pa.field("__source_ts_ms", pa.int64()),
+    pa.field("__deleted", pa.bool_(), nullable=False),
+)
+META_NAMES = tuple(f.name for f in META_FIELDS)
+_SEQ_NEWER = ("(s.__commit_lsn > t.__commit_lsn) OR "
+              "(s.__commit_lsn = t.__commit_lsn AND s.__ordinal > t.__ordinal)")
+
+
+def silver_schema(relation: Relation, converters: Sequence[ColumnConverter]) -> pa.Schema:
+    """Arrow schema of a silver table: native source columns, then metadata columns."""
+    fields = [c.silver_field.with_nullable(not col.is_key)
+              for col, c in zip(relation.columns, converters, strict=True)]
+    return pa.schema([*fields, *META_FIELDS])
+
+
+def toastable_columns(relation: Relation, converters: Sequence[ColumnConverter]) -> list[str]:
+    """Columns whose values can be stored out of line (variable-length, non-key)."""
+    out = []
+    for col, conv in zip(relation.columns, converters, strict=True):
+        typ = conv.bronze_field.type
+        fixed = pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ)
+        if not col.is_key and not fixed:
+            out.append(conv.bronze_field.name)
+    return out
+
+
+def silver_from_images(image: pa.StructArray, op: pa.Array, meta: dict[str, pa.Array],
+                       relation: Relation, converters: Sequence[ColumnConverter]) -> pa.Table:
+    """Silver rows from bronze images (after, or before for deletes) and event metadata."""
+    schema = silver_schema(relation, converters)
+    children = dict(zip([f.name for f in image.type], image.flatten(), strict=True))
+    columns = [from_bronze(conv, children[conv.bronze_field.name]) for conv in converters]
+    deleted = pc.equal(op, "d")
+    return pa.Table.from_arrays([
+        *columns, op, meta["__lsn"], meta["__commit_lsn"], meta["__ordinal"],
+        meta["__source_ts_ms"], deleted,
+    ], schema=schema)
+
+
+def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation: Relation,
+                toastable: Sequence[str], app_id: str, version: int,
+                truncate_seq: tuple[int, int] | None,
+                metadata: dict[str, str] | None = None) -> dict[str, int]:
+    """Apply one deduplicated batch to silver; record ``(app_id, version)`` in the last commit.
+
+    A truncate in the batch first removes every row older than it. Then a MERGE updates a
+    row only when the incoming sequence is greater (replays are harmless), keeps the stored
+    value of columns listed in ``__toast_unchanged``, and inserts new keys.
+    """
+    table = ensure_table(uri, rows.schema)
+    counts = {"deleted_by_truncate": 0, "inserted": 0, "updated": 0}
+    props = commit_properties(app_id, version, metadata)
+    if truncate_seq is not None:
+        lsn, ordinal = truncate_seq
+        result = table.delete(
+            predicate=f"__commit_lsn < {lsn} OR (__commit_lsn = {lsn} AND __ordinal < {ordinal})",
+            commit_properties=props if rows.num_rows == 0 else None,
+        )
+        counts["deleted_by_truncate"] = int(result.get("num_deleted_rows", 0))
+        if rows.num_rows == 0:
+            return counts
+    if rows.num_rows == 0:
+        table.create_write_transaction([], "append", rows.schema, commit_properties=props)
+        return counts
+    source = rows.append_column("__toast_unchanged", toast_unchanged)
+    keys = relation.key_names
+    predicate = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+    toast = set(toastable)
+    updates = {}
+    for name in rows.column_names:
+        q = _q(name)
+        if name in toast:
+            updates[q] = (f"CASE WHEN array_has(s.__toast_unchanged, '{name}') "
+                          f"THEN t.{q} ELSE s.{q} END")
+        else:
+            updates[q] = f"s.{q}"
+    inserts = {_q(n): f"s.{_q(n)}" for n in rows.column_names}
+    result = (
+        table.merge(source, predicate=predicate, source_alias="s", target_alias="t",
+                    commit_properties=props)
+        .when_matched_update(updates=updates, predicate=_SEQ_NEWER)
+        .when_not_matched_insert(updates=inserts)
+        .execute()
+    )
+    counts["inserted"] = int(result.get("num_target_rows_inserted", 0))
+    counts["updated"] = int(result.get("num_target_rows_updated", 0))
+    return counts
+
+
+def _q(name: str) -> str:
+    """Quote a column name for delta-rs SQL expressions."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def live_rows(uri: str) -> pa.Table:
+    """The silver table without tombstones and metadata columns (the analyst's view)."""
+    table = DeltaTable(uri).to_pyarrow_table()
+    live = table.filter(pc.invert(table["__deleted"]))
+    return live.drop_columns(list(META_NAMES))

@@ -1,0 +1,74 @@
+"""Capture settings as a Dagster resource, named after Debezium's connector properties."""
+
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import Field
+
+from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.cdc.typeconv import TypeModes
+
+
+def split_list(value: str) -> tuple[str, ...]:
+    """Split a comma-separated Debezium list property."""
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """What to capture and how (one replication slot)."""
+
+    tables: str = Field(
+        default="",
+        description="table.include.list (PGCDC_TABLES): comma-separated schema.table regular "
+        "expressions; empty captures every table with a primary key.",
+    )
+    exclude_tables: str = Field(default="", description="table.exclude.list.")
+    slot: str = Field(default="pgcdc", description="slot.name (PGCDC_SLOT).")
+    publication: str = Field(default="pgcdc",
+                             description="publication.name (PGCDC_PUBLICATION).")
+    publication_autocreate_mode: str = Field(
+        default="filtered",
+        description="publication.autocreate.mode: filtered | all_tables | disabled.")
+    topic_prefix: str = Field(default="pgcdc",
+                              description="topic.prefix: the logical server name in source.name.")
+    snapshot_mode: str = Field(default="initial", description="snapshot.mode.")
+    time_precision_mode: str = Field(default="adaptive", description="time.precision.mode.")
+    decimal_handling_mode: str = Field(default="precise", description="decimal.handling.mode.")
+    interval_handling_mode: str = Field(default="numeric",
+                                        description="interval.handling.mode.")
+    binary_handling_mode: str = Field(default="bytes", description="binary.handling.mode.")
+    hstore_handling_mode: str = Field(default="json", description="hstore.handling.mode.")
+    include_unknown_datatypes: bool = Field(default=False,
+                                            description="include.unknown.datatypes.")
+    unavailable_value_placeholder: str = Field(
+        default="__debezium_unavailable_value", description="unavailable.value.placeholder.")
+    window_max_bytes: int = Field(
+        default=64 << 20, description="Largest WAL span (bytes) one micro-batch window reads.")
+    max_windows: int = Field(default=1000,
+                             description="Windows one micro-batch run may read at most.")
+    time_budget_seconds: float = Field(
+        default=600.0, description="A micro-batch run stops at a window boundary after this.")
+    snapshot_chunk_bytes: int = Field(
+        default=64 << 20, description="Heap bytes per parallel snapshot chunk.")
+
+    def settings(self, dsn: str, lakehouse: str) -> CaptureSettings:
+        """The engine's settings for this capture."""
+        modes = TypeModes(
+            time_precision=self.time_precision_mode,
+            decimal=self.decimal_handling_mode,
+            interval=self.interval_handling_mode,
+            binary=self.binary_handling_mode,
+            hstore=self.hstore_handling_mode,
+            include_unknown=self.include_unknown_datatypes,
+            unavailable_placeholder=self.unavailable_value_placeholder,
+        )
+        return CaptureSettings(
+            dsn=dsn, lakehouse=lakehouse,
+            include=split_list(self.tables), exclude=split_list(self.exclude_tables),
+            slot=self.slot, publication=self.publication,
+            publication_autocreate=self.publication_autocreate_mode,
+            topic_prefix=self.topic_prefix, modes=modes, snapshot_mode=self.snapshot_mode,
+            window_max_bytes=self.window_max_bytes, max_windows=self.max_windows,
+            time_budget_s=self.time_budget_seconds,
+            snapshot_chunk_bytes=self.snapshot_chunk_bytes,
+        )
