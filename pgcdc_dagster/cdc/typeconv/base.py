@@ -1,0 +1,128 @@
+"""The shared converter implementation and the small Arrow helpers every type family uses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc_dagster.cdc.typeconv.model import PgType, TypeModes
+from pgcdc_dagster.cdc.typeconv.schema import ConnectSchema
+
+
+def as_text(values: pa.Array | pa.ChunkedArray) -> pa.StringArray:
+    """Normalise the input column to one ``pa.string()`` array (nulls kept)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if values.type != pa.string():
+        values = pc.cast(values, pa.string())
+    assert isinstance(values, pa.StringArray)
+    return values
+
+
+def map_values(text: pa.StringArray, fn: Callable[[str], Any], type_: pa.DataType) -> pa.Array:
+    """Apply ``fn`` to every non-null value (per-value Python; for the complex types)."""
+    return pa.array([None if v is None else fn(v) for v in text.to_pylist()], type=type_)
+
+
+def patch(fast: pa.Array, text: pa.StringArray, mask: pa.Array,
+          fn: Callable[[str], Any]) -> pa.Array:
+    """Replace the rows where ``mask`` is true by ``fn(text)``, computed per value.
+
+    Used for the vectorised fast path of a type with a few special values (infinity, BC,
+    years past 9999): the fast path fills the common rows, ``fn`` the rest.
+    """
+    if not pc.any(mask).as_py():
+        return fast
+    texts = text.to_pylist()
+    flags = mask.to_pylist()
+    repl = [fn(t) for t, f in zip(texts, flags, strict=True) if f and t is not None]
+    filled = pc.fill_null(mask, False)
+    return pc.replace_with_mask(fast, filled, pa.array(repl, type=fast.type))
+
+
+class BaseConverter:
+    """A column converter: a Kafka Connect schema for bronze plus a native silver type.
+
+    Subclasses implement :meth:`_bronze` and :meth:`_silver` on a ``pa.string()`` array and may
+    override :meth:`bronze_placeholder` (TYPE-17/18) and :meth:`bronze_fallback`.
+    """
+
+    dropped: bool = False
+
+    def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
+                 nullable: bool, schema: ConnectSchema, silver_type: pa.DataType) -> None:
+        self.column = column
+        self.pgtype = pgtype
+        self.typmod = typmod
+        self.modes = modes
+        self.nullable = nullable
+        self.schema = schema if nullable else schema.required()
+        meta = self.schema.arrow_metadata()
+        meta["pg.type"] = pgtype.qualified_name
+        meta["pg.typmod"] = str(typmod)
+        self.bronze_field = pa.field(column, self.schema.arrow_type(), nullable, metadata=meta)
+        self.silver_field = pa.field(
+            column, silver_type, nullable,
+            metadata={"pg.type": pgtype.qualified_name, "pg.typmod": str(typmod)},
+        )
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.column!r}, {self.pgtype.name}, "
+                f"bronze={self.bronze_field.type}, silver={self.silver_field.type})")
+
+    def to_bronze(self, text: pa.Array) -> pa.Array:
+        """Text output values (nulls for SQL NULL) -> Debezium-encoded values."""
+        out = self._bronze(as_text(text))
+        assert out.type == self.bronze_field.type, (out.type, self.bronze_field.type)
+        return out
+
+    def to_silver(self, text: pa.Array) -> pa.Array:
+        """Text output values (nulls for SQL NULL) -> native values."""
+        out = self._silver(as_text(text))
+        assert out.type == self.silver_field.type, (out.type, self.silver_field.type)
+        return out
+
+    def bronze_placeholder(self) -> pa.Scalar | None:
+        """Debezium's value for an unchanged TOAST column; None if it has none (TYPE-17/18)."""
+        return None
+
+    def to_json(self, value: object) -> object:
+        """A bronze value (``to_pylist`` form) -> the value Debezium's JsonConverter writes."""
+        return self.schema.json_value(value)
+
+    def connect_schema(self) -> dict[str, Any]:
+        """The Kafka Connect JSON schema fragment Debezium writes for this field."""
+        return self.schema.json_schema(field=self.column)
+
+    def _bronze(self, text: pa.StringArray) -> pa.Array:
+        raise NotImplementedError
+
+    def _silver(self, text: pa.StringArray) -> pa.Array:
+        raise NotImplementedError
+
+    def _string_placeholder(self) -> pa.Scalar:
+        return pa.scalar(self.modes.placeholder_text, type=pa.string())
+
+
+class DroppedConverter(BaseConverter):
+    """A column Debezium omits from events: a type it does not know (TYPE-12, default).
+
+    ``dropped`` is True; callers leave the column out of bronze and silver. The fields still
+    describe the text form (``string``) so that callers may log or inspect it.
+    """
+
+    dropped = True
+
+    def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
+                 nullable: bool) -> None:
+        super().__init__(column, pgtype, typmod, modes, nullable,
+                         ConnectSchema("string"), pa.string())
+
+    def _bronze(self, text: pa.StringArray) -> pa.Array:
+        return text
+
+    def _silver(self, text: pa.StringArray) -> pa.Array:
+        return text

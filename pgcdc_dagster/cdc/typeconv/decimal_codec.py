@@ -1,0 +1,111 @@
+"""Decimal encodings: Kafka Connect Decimal bytes (vectorised) and Java BigDecimal strings.
+
+``org.apache.kafka.connect.data.Decimal`` stores ``BigDecimal.unscaledValue().toByteArray()``:
+the unscaled integer as big-endian two's complement in the fewest bytes that keep the sign
+(0 -> ``00``, 128 -> ``00 80``, -128 -> ``80``, -129 -> ``ff 7f``). For precision <= 76 the
+encoding is vectorised: PostgreSQL's text is cast to an Arrow decimal, the 16- or 32-byte
+little-endian words are flipped to big-endian with numpy and the redundant sign bytes are cut.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def unscaled_bytes(unscaled: int) -> bytes:
+    """``BigInteger.toByteArray()``: minimal big-endian two's complement."""
+    magnitude = unscaled if unscaled >= 0 else ~unscaled
+    return unscaled.to_bytes(magnitude.bit_length() // 8 + 1, "big", signed=True)
+
+
+def bytes_to_unscaled(data: bytes) -> int:
+    """Inverse of :func:`unscaled_bytes`."""
+    return int.from_bytes(data, "big", signed=True)
+
+
+def parse_unscaled(text: str, scale: int) -> int:
+    """The unscaled integer of a PostgreSQL numeric text at ``scale`` (exact)."""
+    return int(Decimal(text).scaleb(scale).to_integral_exact())
+
+
+def decimal_array_to_bytes(values: pa.Array) -> pa.BinaryArray:
+    """Arrow decimal128/decimal256 -> Kafka Connect Decimal bytes, vectorised.
+
+    Args:
+        values: A decimal128 or decimal256 array (nulls kept).
+
+    Returns:
+        A binary array of minimal big-endian two's-complement unscaled values.
+    """
+    width = 16 if pa.types.is_decimal128(values.type) else 32
+    n = len(values)
+    buf = values.buffers()[1]
+    assert buf is not None
+    words = np.frombuffer(buf, dtype=np.uint8, count=(values.offset + n) * width,
+                          offset=0)[values.offset * width:].reshape(n, width)
+    be = words[:, ::-1]
+    negative = be[:, 0] >= 0x80
+    fill = np.where(negative, 0xFF, 0x00).astype(np.uint8)
+    is_fill = be == fill[:, None]
+    # length of the leading run of sign-fill bytes
+    run = np.where(is_fill.all(axis=1), width, np.argmin(is_fill, axis=1))
+    nxt = be[np.arange(n), np.minimum(run, width - 1)]
+    keeps_sign = (nxt >= 0x80) == negative
+    cut = np.where((run < width) & keeps_sign, run, run - 1)
+    cut = np.clip(cut, 0, width - 1)
+    lengths = (width - cut).astype(np.int32)
+    valid = np.ones(n, dtype=bool) if values.null_count == 0 else \
+        np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    lengths = np.where(valid, lengths, 0).astype(np.int32)
+    take = (np.arange(width)[None, :] >= cut[:, None]) & valid[:, None]
+    data = np.ascontiguousarray(be)[take]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    validity = pa.array(valid, type=pa.bool_()).buffers()[1] if values.null_count else None
+    out = pa.Array.from_buffers(pa.binary(), n,
+                                [validity, pa.py_buffer(offsets.tobytes()),
+                                 pa.py_buffer(data.tobytes())],
+                                null_count=values.null_count)
+    assert isinstance(out, pa.BinaryArray)
+    return out
+
+
+def text_to_decimal_bytes(text: pa.StringArray, precision: int, scale: int) -> pa.BinaryArray:
+    """PostgreSQL numeric text of a NUMERIC(p,s) column -> Decimal bytes at ``scale``."""
+    if precision <= 38:
+        return decimal_array_to_bytes(pc.cast(text, pa.decimal128(max(precision, 1), scale)))
+    if precision <= 76:
+        return decimal_array_to_bytes(pc.cast(text, pa.decimal256(precision, scale)))
+    out = [None if v is None else unscaled_bytes(parse_unscaled(v, scale))
+           for v in text.to_pylist()]
+    arr = pa.array(out, type=pa.binary())
+    assert isinstance(arr, pa.BinaryArray)
+    return arr
+
+
+def java_bigdecimal_string(value: Decimal) -> str:
+    """``BigDecimal.toString()``: plain unless the adjusted exponent is below -6.
+
+    Debezium's ``decimal.handling.mode=string`` writes this form (TYPE-08 context), so
+    ``0.00000010`` becomes ``1.0E-7``.
+    """
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    coeff = "".join(str(d) for d in digits).lstrip("0") or "0"
+    if coeff == "0":
+        coeff = "0"
+    scale = -exponent
+    adjusted = -scale + (len(coeff) - 1)
+    prefix = "-" if sign and coeff != "0" else ""
+    if scale >= 0 and adjusted >= -6:
+        if scale == 0:
+            return prefix + coeff
+        padded = coeff.rjust(scale + 1, "0")
+        return f"{prefix}{padded[:-scale]}.{padded[-scale:]}"
+    mantissa = coeff[0] + ("." + coeff[1:] if len(coeff) > 1 else "")
+    exp = f"+{adjusted}" if adjusted > 0 else str(adjusted)
+    return f"{prefix}{mantissa}E{exp}"

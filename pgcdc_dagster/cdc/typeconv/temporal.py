@@ -1,0 +1,239 @@
+"""DATE, TIME, TIMESTAMP, TIMESTAMPTZ and TIMETZ (seed-inventory §5.1, §5.2; TYPE-03..07).
+
+Bronze by ``time.precision.mode`` (precision P from the typmod; no typmod means 6):
+
+============  =====================================  ====================================
+type          adaptive / adaptive_time_microseconds  connect
+============  =====================================  ====================================
+DATE          INT32 io.debezium.time.Date (days)     INT32 org.apache.kafka.connect.data.Date
+TIME(P<=3)    INT32 io.debezium.time.Time (ms);      INT32 org.apache.kafka.connect.data.Time
+              a_t_m: INT64 io.debezium.time.MicroTime  (ms; Kafka's Time is INT32, see D-24)
+TIME(P>3)     INT64 io.debezium.time.MicroTime (us)  as above
+TIMESTAMP     P<=3: INT64 io.debezium.time.Timestamp INT64 org.apache.kafka.connect.data.
+              (ms); else MicroTimestamp (us)          Timestamp (ms)
+============  =====================================  ====================================
+
+TIMESTAMP is read as UTC (TYPE-04); ``+-infinity`` become 9223372036825200000 /
+-9223372036832400000 microseconds (TYPE-05; milliseconds: those divided by 1000).
+TIMESTAMPTZ -> STRING io.debezium.time.ZonedTimestamp: the instant in UTC, ISO-8601 with ``Z``
+and exactly P fraction digits (Debezium formats with the column's fractional width; P=0 prints
+none); infinities stay ``infinity`` / ``-infinity``. TIMETZ -> STRING io.debezium.time.ZonedTime,
+shifted to UTC, ``HH:MM:SS[.f]Z`` with minimal fraction digits.
+
+Silver: DATE -> date32; TIME -> time64('us'); TIMESTAMP -> timestamp('us') (no zone);
+TIMESTAMPTZ -> timestamp('us', tz='UTC'); TIMETZ -> string (PostgreSQL's text, offset kept).
+Infinities are clamped to 0001-01-01 / 9999-12-31 23:59:59.999999 (the Delta/Spark range).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc_dagster.cdc.typeconv import calendar as cal
+from pgcdc_dagster.cdc.typeconv.base import BaseConverter, map_values, patch
+from pgcdc_dagster.cdc.typeconv.model import PgType, TypeModes
+from pgcdc_dagster.cdc.typeconv.schema import ConnectSchema, primitive
+
+_TS = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?"
+FAST_TIMESTAMP = _TS + "$"
+FAST_TIMESTAMPTZ = _TS + r"[+-]\d\d(:\d\d)?$"
+FAST_DATE = r"^\d{4}-\d\d-\d\d$"
+SILVER_MAX_MICROS = cal.days_from_civil(10000, 1, 1) * cal.MICROS_PER_DAY - 1
+SILVER_MIN_MICROS = cal.days_from_civil(1, 1, 1) * cal.MICROS_PER_DAY
+SILVER_MAX_DAYS = cal.days_from_civil(9999, 12, 31)
+SILVER_MIN_DAYS = cal.days_from_civil(1, 1, 1)
+
+
+def time_precision(typmod: int) -> int:
+    """Fractional-second precision of a time/timestamp typmod (PgJDBC: 6 when absent)."""
+    return 6 if typmod < 0 else typmod
+
+
+def floor_div(values: pa.Array, divisor: int) -> pa.Array:
+    """Integer floor division (Arrow's ``divide`` truncates toward zero)."""
+    q = pc.divide(values, divisor)
+    r = pc.subtract(values, pc.multiply(q, divisor))
+    return pc.if_else(pc.less(r, 0), pc.subtract(q, 1), q)
+
+
+def _not_fast(text: pa.StringArray, pattern: str) -> pa.Array:
+    return pc.and_(pc.is_valid(text), pc.invert(pc.match_substring_regex(text, pattern)))
+
+
+def timestamp_micros(text: pa.StringArray, *, with_zone: bool) -> pa.Int64Array:
+    """Text -> epoch microseconds (UTC), vectorised with a per-value path for odd values."""
+    pattern = FAST_TIMESTAMPTZ if with_zone else FAST_TIMESTAMP
+    slow = _not_fast(text, pattern)
+    fast_text = pc.if_else(slow, pa.scalar(None, pa.string()), text)
+    target = pa.timestamp("us", tz="UTC") if with_zone else pa.timestamp("us")
+    fast = pc.cast(pc.cast(fast_text, target), pa.int64())
+    out = patch(fast, text, slow, lambda v: cal.parse_timestamp_micros(v, with_zone=with_zone))
+    assert isinstance(out, pa.Int64Array)
+    return out
+
+
+def clamp_silver_micros(micros: pa.Array) -> pa.Array:
+    """Clamp to the Delta/Spark timestamp range (infinities and years past 9999)."""
+    low = pc.max_element_wise(micros, SILVER_MIN_MICROS, skip_nulls=False)
+    return pc.min_element_wise(low, SILVER_MAX_MICROS, skip_nulls=False)
+
+
+class DateConverter(BaseConverter):
+    """DATE -> INT32 days since the epoch; silver date32 (TYPE-06: 2018-06-20 -> 17702)."""
+
+    def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
+                 nullable: bool) -> None:
+        name = ("org.apache.kafka.connect.data.Date" if modes.time_precision == "connect"
+                else "io.debezium.time.Date")
+        super().__init__(column, pgtype, typmod, modes, nullable,
+                         primitive("int32", name), pa.date32())
+
+    def _days(self, text: pa.StringArray) -> pa.Array:
+        slow = _not_fast(text, FAST_DATE)
+        fast_text = pc.if_else(slow, pa.scalar(None, pa.string()), text)
+        fast = pc.cast(pc.cast(fast_text, pa.date32()), pa.int32())
+        return patch(fast, text, slow, _date_days)
+
+    def _bronze(self, text: pa.StringArray) -> pa.Array:
+        return self._days(text)
+
+    def _silver(self, text: pa.StringArray) -> pa.Array:
+        low = pc.max_element_wise(self._days(text), SILVER_MIN_DAYS, skip_nulls=False)
+        days = pc.min_element_wise(low, SILVER_MAX_DAYS, skip_nulls=False)
+        return pc.cast(days, pa.date32())
+
+
+def _date_days(text: str) -> int:
+    """Days of a date text; infinities map to the int32 extremes (Debezium's epoch day of
+    PgJDBC's infinity LocalDate would overflow INT32)."""
+    if text == "infinity":
+        return 2**31 - 1
+    if text == "-infinity":
+        return -(2**31)
+    return cal.parse_date_days(text)
+
+
+class TimeConverter(BaseConverter):
+    """TIME(P) -> Time (ms, INT32) or MicroTime (us, INT64) per mode; silver time64('us')."""
+
+    def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
+                 nullable: bool) -> None:
+        p = time_precision(typmod)
+        mode = modes.time_precision
+        self.millis = mode == "connect" or (mode == "adaptive" and p <= 3)
+        if mode == "connect":
+            schema = primitive("int32", "org.apache.kafka.connect.data.Time")
+        elif self.millis:
+            schema = primitive("int32", "io.debezium.time.Time")
+        else:
+            schema = primitive("int64", "io.debezium.time.MicroTime")
+        super().__init__(column, pgtype, typmod, modes, nullable, schema, pa.time64("us"))
+
+    def _micros(self, text: pa.StringArray) -> pa.Array:
+        return map_values(text, cal.parse_time_micros, pa.int64())
+
+    def _bronze(self, text: pa.StringArray) -> pa.Array:
+        micros = self._micros(text)
+        if self.millis:
+            return pc.cast(pc.divide(micros, 1000), pa.int32())
+        return micros
+
+    def _silver(self, text: pa.StringArray) -> pa.Array:
+        return pc.cast(self._micros(text), pa.time64("us"))
+
+
+class TimestampConverter(BaseConverter):
+    """TIMESTAMP(P) -> Timestamp / MicroTimestamp / connect Timestamp; silver timestamp('us')."""
+
+    def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
+                 nullable: bool) -> None:
+        p = time_precision(typmod)
+        mode = modes.time_precision
+        self.millis = mode == "connect" or p <= 3
+        if mode == "connect":
+            name = "org.apache.kafka.connect.data.Timestamp"
+        elif self.millis:
+            name = "io.debezium.time.Timestamp"
+        else:
+            name = "io.debezium.time.MicroTimestamp"
+        super().__init__(column, pgtype, typmod, modes, nullable, primitive("int64", name),
+                         pa.timestamp("us"))
+
+    def _bronze(self, text: pa.StringArray) -> pa.Array:
+        micros = timestamp_micros(text, with_zone=False)
+        return floor_div(micros, 1000) if self.millis else micros
+
+    def _silver(self, text: pa.StringArray) -> pa.Array:
+        micros = clamp_silver_micros(timestamp_micros(text, with_zone=False))
+        return pc.cast(micros, pa.timestamp("us"))
+
+
+class TimestampTzConverter(BaseConverter):
+    """TIMESTAMPTZ -> STRING io.debezium.time.ZonedTimestamp; silver timestamp('us', UTC)."""
+
+    def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
+                 nullable: bool) -> None:
+        p = time_precision(typmod)
+        self.width: int | None = p if p > 0 else None
+        super().__init__(column, pgtype, typmod, modes, nullable,
+                         primitive("string", "io.debezium.time.ZonedTimestamp"),
+                         pa.timestamp("us", tz="UTC"))
+
+    def _bronze(self, text: pa.StringArray) -> pa.Array:
+        micros = timestamp_micros(text, with_zone=True)
+        ts = pc.cast(micros, pa.timestamp("us", tz="UTC"))
+        if self.width is None:
+            body = pc.strftime(pc.cast(ts, pa.timestamp("s", tz="UTC"), safe=False),
+                               format="%Y-%m-%dT%H:%M:%S")
+        else:
+            body = pc.strftime(ts, format="%Y-%m-%dT%H:%M:%S")
+            if self.width < 6:
+                body = pc.utf8_slice_codeunits(body, 0, -(6 - self.width))
+        fast = pc.binary_join_element_wise(body, "Z", "")
+        odd = pc.or_(_not_fast(text, r"^\d{4}-"),
+                     pc.or_(pc.less(micros, SILVER_MIN_MICROS),
+                            pc.greater(micros, SILVER_MAX_MICROS)))
+        return patch(fast, text, odd, self._slow)
+
+    def _slow(self, text: str) -> str:
+        if text in ("infinity", "-infinity"):
+            return text
+        return cal.iso_utc_timestamp(cal.parse_timestamp_micros(text, with_zone=True),
+                                     self.width)
+
+    def _silver(self, text: pa.StringArray) -> pa.Array:
+        micros = clamp_silver_micros(timestamp_micros(text, with_zone=True))
+        return pc.cast(micros, pa.timestamp("us", tz="UTC"))
+
+    def bronze_placeholder(self) -> pa.Scalar | None:
+        """Fixed width: never TOASTed."""
+        return None
+
+
+class TimeTzConverter(BaseConverter):
+    """TIMETZ -> STRING io.debezium.time.ZonedTime in UTC; silver: PostgreSQL's text."""
+
+    def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
+                 nullable: bool) -> None:
+        super().__init__(column, pgtype, typmod, modes, nullable,
+                         primitive("string", "io.debezium.time.ZonedTime"), pa.string())
+
+    @staticmethod
+    def _zoned(text: str) -> str:
+        local = cal.parse_time_micros(text)
+        utc = local - cal.parse_offset_seconds(text) * 1_000_000
+        if local == cal.MICROS_PER_DAY and utc == cal.MICROS_PER_DAY:
+            return "24:00Z"
+        return cal.iso_time(utc % cal.MICROS_PER_DAY) + "Z"
+
+    def _bronze(self, text: pa.StringArray) -> pa.Array:
+        return map_values(text, self._zoned, pa.string())
+
+    def _silver(self, text: pa.StringArray) -> pa.Array:
+        return text
+
+
+def schema_of(converter: BaseConverter) -> ConnectSchema:
+    """The converter's Kafka Connect schema (for element schemas of arrays)."""
+    return converter.schema

@@ -1,0 +1,78 @@
+"""Unit tests of the first types: integers, bool, text, numeric (all modes), timestamptz.
+
+Expected values come from the seeds where they give one (seed-inventory TYPE-04..08).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from pgcdc_dagster.cdc.typeconv import PgType, TypeModes, converter_for
+from pgcdc_dagster.exceptions import UnsupportedTypeError
+
+pytestmark = pytest.mark.unit
+
+
+def pg(name: str, typtype: str = "b", category: str = "U") -> PgType:
+    return PgType(0, "pg_catalog", name, typtype, category)
+
+
+def numeric_typmod(p: int, s: int) -> int:
+    return ((p << 16) | s) + 4
+
+
+def conv(name: str, typmod: int = -1, **modes: object):
+    return converter_for("c", pg(name), typmod, TypeModes(**modes))  # type: ignore[arg-type]
+
+
+def test_integers_bool_text():
+    assert conv("int2").to_bronze(pa.array(["-32768", "32767", None])).type == pa.int16()
+    assert conv("int4").to_bronze(pa.array(["-1", None])).to_pylist() == [-1, None]
+    assert conv("int8").to_silver(pa.array(["9223372036854775807"])).to_pylist() == [2**63 - 1]
+    assert conv("bool").to_bronze(pa.array(["t", "f", None])).to_pylist() == [True, False, None]
+    text = conv("text").to_bronze(pa.array(["日本語", "", None]))
+    assert text.to_pylist() == ["日本語", "", None]
+    assert conv("varchar").connect_schema() == {"type": "string", "optional": True, "field": "c"}
+
+
+def test_precise_decimal_is_unscaled_twos_complement_bytes():
+    c = conv("numeric", numeric_typmod(10, 2))
+    out = c.to_bronze(pa.array(["12.34", "-0.01", "0.00", "1.28", "-1.28", None]))
+    assert out.to_pylist() == [b"\x04\xd2", b"\xff", b"\x00", b"\x00\x80", b"\x80", None]
+    assert c.connect_schema() == {
+        "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+        "version": 1, "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+        "field": "c"}
+    assert c.to_json(b"\x04\xd2") == "BNI="
+    assert str(c.to_silver(pa.array(["12.34"])).type) == "decimal128(10, 2)"
+
+
+def test_variable_scale_decimal_strips_trailing_zeros():
+    c = conv("numeric")
+    out = c.to_bronze(pa.array(["12.3400", "100", "0.000", "-5.5", None]))
+    assert out.to_pylist() == [
+        {"scale": 2, "value": b"\x04\xd2"}, {"scale": 0, "value": b"\x64"},
+        {"scale": 0, "value": b"\x00"}, {"scale": 1, "value": b"\xc9"}, None]
+    assert c.bronze_field.type == pa.struct(
+        [pa.field("scale", pa.int32(), False), pa.field("value", pa.binary(), False)])
+
+
+def test_nan_per_mode():
+    """TYPE-08: only string and double can carry NaN; precise fails like Debezium."""
+    values = pa.array(["NaN", "Infinity", "-Infinity"])
+    assert conv("numeric", decimal="string").to_bronze(values).to_pylist() == [
+        "NAN", "POSITIVE_INFINITY", "NEGATIVE_INFINITY"]
+    doubles = conv("numeric", decimal="double").to_bronze(values).to_pylist()
+    assert doubles[1:] == [float("inf"), float("-inf")] and doubles[0] != doubles[0]
+    with pytest.raises(UnsupportedTypeError, match=r"decimal\.handling\.mode"):
+        conv("numeric").to_bronze(values)
+
+
+def test_zoned_timestamp_is_utc_iso():
+    """TYPE-07: ZonedTimestamp in GMT with Z; six fraction digits for an unconstrained column."""
+    c = conv("timestamptz")
+    text = pa.array(["2018-06-20 15:13:16.945104+00", "2018-06-20 17:13:16.5+02", None])
+    assert c.to_bronze(text).to_pylist() == [
+        "2018-06-20T15:13:16.945104Z", "2018-06-20T15:13:16.500000Z", None]
+    assert c.to_silver(text).type == pa.timestamp("us", tz="UTC")
