@@ -51,7 +51,7 @@ def _fetch(conn: Any, oids: Iterable[int]) -> dict[int, _Row]:
         while wanted:
             cur.execute(_TYPES_SQL, (sorted(wanted),))
             found = {int(r[0]): tuple(r) for r in cur.fetchall()}
-            rows.update(found)  # type: ignore[arg-type]
+            rows.update(found)
             refs: set[int] = set()
             for row in found.values():
                 refs.update(o for o in (row[5], row[6], row[8]) if o)

@@ -148,7 +148,7 @@ def variable_scale(text: pa.StringArray) -> pa.StructArray:
     values = patch(values, digits, long_, lambda v: unscaled_bytes(int(v)))
     valid = pc.is_valid(text)
     return pa.StructArray.from_arrays(
-        [pc.cast(scale, pa.int32()), values],
+        [pc.fill_null(pc.cast(scale, pa.int32()), 0), pc.fill_null(values, b"")],
         fields=[pa.field("scale", pa.int32(), False), pa.field("value", pa.binary(), False)],
         mask=pc.invert(valid),
     )

@@ -6,8 +6,12 @@ import logging
 from collections.abc import Callable
 
 from pgcdc_dagster.cdc.typeconv import scalars, temporal
+from pgcdc_dagster.cdc.typeconv.arrays import array_converter
 from pgcdc_dagster.cdc.typeconv.base import BaseConverter, DroppedConverter
 from pgcdc_dagster.cdc.typeconv.binary import BitsConverter, ByteaConverter, OpaqueConverter
+from pgcdc_dagster.cdc.typeconv.geometric import PointConverter, PostgisConverter
+from pgcdc_dagster.cdc.typeconv.hstore import HstoreConverter
+from pgcdc_dagster.cdc.typeconv.interval import IntervalConverter
 from pgcdc_dagster.cdc.typeconv.model import ColumnConverter, PgType, TypeModes
 from pgcdc_dagster.cdc.typeconv.numeric import MoneyConverter, NumericConverter
 
@@ -22,6 +26,11 @@ _BY_NAME: dict[str, Factory] = {
     "bytea": ByteaConverter,
     "bit": BitsConverter,
     "varbit": BitsConverter,
+    "interval": IntervalConverter,
+    "hstore": HstoreConverter,
+    "point": PointConverter,
+    "geometry": PostgisConverter,
+    "geography": PostgisConverter,
     "date": temporal.DateConverter,
     "time": temporal.TimeConverter,
     "timetz": temporal.TimeTzConverter,
@@ -51,7 +60,7 @@ def register(name: str, factory: Factory) -> None:
 
 
 def converter_for(column_name: str, pgtype: PgType, typmod: int, modes: TypeModes, *,
-                  nullable: bool = True) -> ColumnConverter:
+                  nullable: bool = True, dimensions: int = 1) -> ColumnConverter:
     """The converter of one column.
 
     Domains convert as their base type; a domain over a built-in type that declares a
@@ -63,6 +72,7 @@ def converter_for(column_name: str, pgtype: PgType, typmod: int, modes: TypeMode
         typmod: The column's ``atttypmod`` (-1 when absent).
         modes: The Debezium handling modes.
         nullable: False for NOT NULL columns (the Connect schema is then required).
+        dimensions: Declared array dimensions (``attndims``; see ``arrays.py``).
 
     Returns:
         A converter; its ``dropped`` is True for a type Debezium omits (unknown type with
@@ -72,19 +82,22 @@ def converter_for(column_name: str, pgtype: PgType, typmod: int, modes: TypeMode
         UnsupportedTypeError: never for unknown types (they are dropped or kept opaque);
             raised by ``to_bronze`` for values a mode cannot represent.
     """
-    return _build(column_name, pgtype, typmod, modes, nullable)
+    return _build(column_name, pgtype, typmod, modes, nullable, dimensions)
 
 
 def _build(column: str, pgtype: PgType, typmod: int, modes: TypeModes,
-           nullable: bool) -> BaseConverter:
+           nullable: bool, dimensions: int = 1) -> BaseConverter:
     if pgtype.typtype == "d" and pgtype.base is not None:
         base = pgtype.base
         typmod = _domain_typmod(pgtype, typmod)
         while base.typtype == "d" and base.base is not None:
             base = base.base
-        return _build(column, base, typmod, modes, nullable)
+        return _build(column, base, typmod, modes, nullable, dimensions)
     if pgtype.is_array:
-        return _unknown(column, pgtype, typmod, modes, nullable)
+        conv = array_converter(column, pgtype, typmod, modes, nullable, _build, dimensions)
+        if conv.dropped:
+            return _unknown(column, pgtype, typmod, modes, nullable)
+        return conv
     factory = _BY_NAME.get(pgtype.name) if pgtype.schema == "pg_catalog" or \
         pgtype.typtype == "b" else None
     if factory is not None:

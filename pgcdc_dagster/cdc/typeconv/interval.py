@@ -1,0 +1,118 @@
+"""INTERVAL under ``interval.handling.mode`` (CFG-42, seed-inventory §5.1, D-02).
+
+Input is PostgreSQL's default ``IntervalStyle = postgres`` output, e.g.
+``1 year 2 mons 3 days 04:05:06.78`` or ``-1 days +02:03:00``.
+
+Bronze, as Debezium computes it from PgJDBC's ``PGInterval``:
+- ``numeric``: INT64 ``io.debezium.time.MicroDuration``, the approximate microseconds with
+  ``365.25 / 12`` days per month, evaluated in IEEE doubles and truncated exactly like
+  ``MicroDuration.durationMicros`` (so ``1 mon`` -> 2629800000000).
+- ``string``: STRING ``io.debezium.time.Interval``, ``P<y>Y<m>M<d>DT<h>H<min>M<s>S`` with the
+  seconds as ``BigDecimal.valueOf(seconds).stripTrailingZeros().toPlainString()``
+  (seed example: ``P1Y2M3DT4H5M6.78S``). A negative time part makes hours, minutes and
+  seconds negative.
+
+Silver: exact, as PostgreSQL stores it: ``struct<months int32, days int32, microseconds
+int64>`` (Delta has no interval type; the struct is lossless, unlike the approximation).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from pgcdc_dagster.cdc.typeconv.base import BaseConverter, map_values
+from pgcdc_dagster.cdc.typeconv.javafmt import plain_seconds
+from pgcdc_dagster.cdc.typeconv.model import PgType, TypeModes
+from pgcdc_dagster.cdc.typeconv.schema import primitive
+
+DAYS_PER_MONTH_AVG = 365.25 / 12.0
+SILVER_TYPE = pa.struct([
+    pa.field("months", pa.int32(), False),
+    pa.field("days", pa.int32(), False),
+    pa.field("microseconds", pa.int64(), False),
+])
+_UNIT = re.compile(r"([+-]?\d+) (year|years|mon|mons|day|days)\b")
+_TIME = re.compile(r"([+-]?)(\d+):(\d\d):(\d\d)(?:\.(\d{1,6}))?")
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalParts:
+    """The fields of a postgres-style interval text, as PGInterval holds them."""
+
+    years: int = 0
+    months: int = 0
+    days: int = 0
+    hours: int = 0
+    minutes: int = 0
+    whole_seconds: int = 0
+    micros: int = 0
+
+    @property
+    def seconds(self) -> float:
+        """``PGInterval.getSeconds()``: whole seconds plus microseconds / 1e6."""
+        return self.whole_seconds + self.micros / 1000000.0
+
+    def duration_micros(self) -> int:
+        """``MicroDuration.durationMicros`` with the 365.25/12 average (IEEE doubles)."""
+        number_of_days = (self.years * 12 + self.months) * DAYS_PER_MONTH_AVG + self.days
+        number_of_seconds = (((number_of_days * 24 + self.hours) * 60) + self.minutes) * 60 \
+            + self.seconds
+        return int(number_of_seconds * 1000000.0)
+
+    def iso_string(self) -> str:
+        """``Interval.toIsoString``: ``P1Y2M3DT4H5M6.78S``."""
+        return (f"P{self.years}Y{self.months}M{self.days}DT{self.hours}H{self.minutes}M"
+                f"{plain_seconds(self.seconds)}S")
+
+    def exact(self) -> dict[str, int]:
+        """PostgreSQL's own representation: months, days and microseconds."""
+        micros = ((self.hours * 60 + self.minutes) * 60 + self.whole_seconds) * 1_000_000 \
+            + self.micros
+        return {"months": self.years * 12 + self.months, "days": self.days,
+                "microseconds": micros}
+
+
+def parse_interval(text: str) -> IntervalParts:
+    """Parse ``IntervalStyle = postgres`` output."""
+    fields = {"years": 0, "months": 0, "days": 0}
+    for number, unit in _UNIT.findall(text):
+        key = {"y": "years", "m": "months", "d": "days"}[unit[0]]
+        fields[key] = int(number)
+    hours = minutes = seconds = micros = 0
+    m = _TIME.search(text)
+    if m is not None:
+        sign = -1 if m.group(1) == "-" else 1
+        hours, minutes, seconds = (sign * int(m.group(i)) for i in (2, 3, 4))
+        micros = sign * int((m.group(5) or "").ljust(6, "0"))
+    elif not _UNIT.search(text):
+        raise ValueError(f"not a postgres-style interval: {text!r} (IntervalStyle must be "
+                         "'postgres')")
+    return IntervalParts(fields["years"], fields["months"], fields["days"], hours, minutes,
+                         seconds, micros)
+
+
+class IntervalConverter(BaseConverter):
+    """INTERVAL -> MicroDuration (numeric) or Interval (string); silver exact struct."""
+
+    def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
+                 nullable: bool) -> None:
+        self.as_string = modes.interval == "string"
+        schema = (primitive("string", "io.debezium.time.Interval") if self.as_string
+                  else primitive("int64", "io.debezium.time.MicroDuration"))
+        super().__init__(column, pgtype, typmod, modes, nullable, schema, SILVER_TYPE)
+
+    def _bronze(self, text: pa.StringArray) -> pa.Array:
+        if self.as_string:
+            return map_values(text, lambda v: parse_interval(v).iso_string(), pa.string())
+        return map_values(text, lambda v: parse_interval(v).duration_micros(), pa.int64())
+
+    def _silver(self, text: pa.StringArray) -> pa.Array:
+        zero = {"months": 0, "days": 0, "microseconds": 0}
+        rows = [zero if v is None else parse_interval(v).exact() for v in text.to_pylist()]
+        mask = pa.array([v is None for v in text.to_pylist()], type=pa.bool_())
+        values = pa.array(rows, type=SILVER_TYPE)
+        return pa.StructArray.from_arrays(values.flatten(), fields=list(SILVER_TYPE),
+                                          mask=mask)
