@@ -38,9 +38,9 @@ SOURCE_TYPE = pa.struct([
 ])
 
 TRANSACTION_TYPE = pa.struct([
-    pa.field("id", pa.string(), nullable=False),
-    pa.field("total_order", pa.int64(), nullable=False),
-    pa.field("data_collection_order", pa.int64(), nullable=False),
+    pa.field("id", pa.string()),
+    pa.field("total_order", pa.int64()),
+    pa.field("data_collection_order", pa.int64()),
 ])
 
 SEQUENCE_COLUMNS = ("__commit_lsn", "__ordinal")
@@ -55,17 +55,44 @@ class SourceIdentity:
     db: str
 
 
+def relaxed(field: pa.Field) -> pa.Field:
+    """The field with every nested field nullable.
+
+    Bronze stores absent images (``before`` of an insert, the key of a truncate) as null
+    structs, whose children are null too; Parquet and Delta refuse nulls in non-nullable
+    children, so storage types are nullable throughout. Debezium's ``optional`` flags stay
+    in the field metadata (``debezium.schema``).
+    """
+    typ = field.type
+    if pa.types.is_struct(typ):
+        typ = pa.struct([relaxed(typ.field(i)) for i in range(typ.num_fields)])
+    elif pa.types.is_large_list(typ):
+        typ = pa.large_list(relaxed(typ.value_field))
+    elif pa.types.is_list(typ):
+        typ = pa.list_(relaxed(typ.value_field))
+    elif pa.types.is_map(typ):
+        typ = pa.map_(typ.key_field, relaxed(typ.item_field))
+    return pa.field(field.name, typ, True, metadata=field.metadata)
+
+
 def value_type(converters: Sequence[ColumnConverter]) -> pa.StructType:
     """The ``<prefix>.<schema>.<table>.Value`` struct: one bronze field per column."""
-    return pa.struct([c.bronze_field for c in converters])
+    return pa.struct([relaxed(c.bronze_field) for c in converters])
 
 
 def key_type(relation: Relation, converters: Sequence[ColumnConverter]) -> pa.StructType:
-    """The ``...Key`` struct: the key columns' bronze fields, non-nullable."""
+    """The ``...Key`` struct: the key columns' bronze fields."""
     return pa.struct([
-        c.bronze_field.with_nullable(False)
+        relaxed(c.bronze_field)
         for col, c in zip(relation.columns, converters, strict=True) if col.is_key
     ])
+
+
+def _bronze_values(conv: ColumnConverter, text: pa.Array) -> pa.Array:
+    """Convert text values and cast them to the relaxed storage type."""
+    out = conv.to_bronze(text)
+    target = relaxed(conv.bronze_field).type
+    return out if out.type == target else out.cast(target)
 
 
 def bronze_schema(relation: Relation, converters: Sequence[ColumnConverter]) -> pa.Schema:
@@ -111,11 +138,13 @@ def _image(rows: Sequence[Row | None], converters: Sequence[ColumnConverter],
                 if flag:
                     unchanged[row_no].append(name)
         text = pa.array(values, pa.binary()).cast(pa.string())
-        converted = conv.to_bronze(text)
+        converted = _bronze_values(conv, text)
         if toast_mask is not None:
             placeholder = conv.bronze_placeholder()
             if placeholder is None:
                 placeholder = pa.scalar(None, converted.type)
+            elif placeholder.type != converted.type:
+                placeholder = placeholder.cast(converted.type)
             converted = pc.if_else(toast_mask, placeholder, converted)
         arrays.append(converted)
         del idx
@@ -213,7 +242,7 @@ def bronze_from_snapshot(relation: Relation, converters: Sequence[ColumnConverte
     """
     schema = bronze_schema(relation, converters)
     n = text.num_rows
-    arrays = [conv.to_bronze(text.column(i)) for i, conv in enumerate(converters)]
+    arrays = [_bronze_values(conv, text.column(i)) for i, conv in enumerate(converters)]
     after = pa.StructArray.from_arrays(arrays, fields=list(value_type(converters)))
     key = _key(relation, after, key_type(relation, converters))
     source = pa.StructArray.from_arrays([

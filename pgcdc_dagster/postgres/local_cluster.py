@@ -71,6 +71,8 @@ class LocalCluster:
 
     root: Path
     port: int = 0
+    overrides: dict[str, str] = field(default_factory=dict)
+    """Extra ``postgresql.conf`` settings (name -> literal value), applied last."""
     _owner: str | None = field(default=None, init=False)
 
     @property
@@ -133,7 +135,8 @@ class LocalCluster:
             self.port = self.port or _read_port(conf)
             return self
         self.port = self.port or free_port()
-        conf.write_text(_SETTINGS.format(port=self.port, socket_dir=self.root))
+        extra = "".join(f"{k} = {v}\n" for k, v in self.overrides.items())
+        conf.write_text(_SETTINGS.format(port=self.port, socket_dir=self.root) + extra)
         if os.geteuid() == 0:
             shutil.chown(conf, "postgres", "postgres")
         self._run(

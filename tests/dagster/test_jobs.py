@@ -1,0 +1,127 @@
+"""The Dagster surface of the walking skeleton: lazy definitions, jobs in process and by CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from deltalake import DeltaTable
+
+from pgcdc_dagster.definitions import build_definitions, defs, discover_tables
+from pgcdc_dagster.exceptions import ConfigurationError, SourceUnavailableError
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.postgres.local_cluster import free_port
+from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from tests.support.compare import assert_silver_equals_source
+
+pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parents[2]
+SETUP = """
+CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(8,2), seen timestamptz);
+CREATE TABLE tags (item_id int, tag text, weight bigint, PRIMARY KEY (item_id, tag));
+INSERT INTO items SELECT g, 'item ' || g, g * 0.5, now() FROM generate_series(1, 200) g;
+INSERT INTO tags SELECT g, 't' || (g % 5), g FROM generate_series(1, 100) g;
+"""
+CHANGES = """
+UPDATE items SET price = price + 1 WHERE id <= 50;
+DELETE FROM items WHERE id > 190;
+INSERT INTO items VALUES (1000, 'new', 9.99, now());
+DELETE FROM tags WHERE item_id <= 10;
+INSERT INTO tags VALUES (1000, 'fresh', -1);
+"""
+
+
+def _materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict]:
+    out = {}
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization  # type: ignore[union-attr]
+        out["/".join(mat.asset_key.path)] = {k: v.value for k, v in mat.metadata.items()}
+    return out
+
+
+def test_jobs_in_process(pg_dsn, pg_conn, spark, lakehouse) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute(SETUP)
+    tables = discover_tables(pg_dsn, ["public\\..*"])
+    assert tables == [("public", "items"), ("public", "tags")]
+    definitions = build_definitions(tables, {
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "lakehouse": LakehouseResource(root=str(lakehouse)),
+        "capture": CaptureResource(tables="public\\..*", slot="dg_inproc",
+                                   publication="dg_inproc"),
+        "spark": SparkResource(),
+    })
+    keys = {"/".join(k.path) for k in definitions.resolve_all_asset_keys()}
+    assert {"bronze/public/items", "silver/public/items", "bronze/public/tags",
+            "silver/public/tags", "source/public/items"} <= keys
+
+    result = definitions.get_job_def("initial_snapshot").execute_in_process()
+    assert result.success
+    mats = _materializations(result)
+    assert mats["bronze/public/items"]["snapshot_rows"] == 200
+    assert mats["bronze/public/items"]["capture_kind"] == "snapshot+stream"
+    assert mats["silver/public/tags"]["delta_version"] >= 1
+
+    with pg_conn.cursor() as cur:
+        cur.execute(CHANGES)
+    result = definitions.get_job_def("cdc_microbatch").execute_in_process()
+    assert result.success
+    mats = _materializations(result)
+    items = mats["bronze/public/items"]
+    assert (items["events_c"], items["events_u"], items["events_d"]) == (1, 50, 10)
+    assert mats["bronze/public/tags"]["events_d"] == 10
+    assert mats["silver/public/items"]["events"] == 61
+    for table, key in (("items", ["id"]), ("tags", ["item_id", "tag"])):
+        uri = table_uri(str(lakehouse), "silver", "public", table)
+        assert_silver_equals_source(pg_conn, uri, "public", table, key)
+
+
+def _cli_env(dsn: str, lakehouse: Path, home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "PGCDC_PG_DSN": dsn, "PGCDC_LAKEHOUSE": str(lakehouse), "PGCDC_TABLES": "public\\..*",
+        "PGCDC_SLOT": "dg_cli", "PGCDC_PUBLICATION": "dg_cli", "DAGSTER_HOME": str(home),
+        "PYSPARK_PYTHON": sys.executable,
+    })
+    home.mkdir(exist_ok=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    return env
+
+
+def _dagster_job(env: dict[str, str], job: str) -> None:
+    cli = Path(sys.executable).parent / "dagster"
+    proc = subprocess.run(
+        [str(cli), "job", "execute", "-m", "pgcdc_dagster.definitions", "-j", job],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "RUN_SUCCESS" in proc.stdout + proc.stderr
+
+
+def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute(SETUP)
+    env = _cli_env(pg_dsn, lakehouse, tmp_path / "dagster_home")
+    _dagster_job(env, "initial_snapshot")
+    with pg_conn.cursor() as cur:
+        cur.execute(CHANGES)
+    _dagster_job(env, "cdc_microbatch")
+    for table, key in (("items", ["id"]), ("tags", ["item_id", "tag"])):
+        uri = table_uri(str(lakehouse), "silver", "public", table)
+        assert_silver_equals_source(pg_conn, uri, "public", table, key)
+    assert DeltaTable(table_uri(str(lakehouse), "bronze", "public", "items")).version() >= 2
+
+
+def test_lazy_definitions_report_an_unreachable_source(monkeypatch) -> None:
+    monkeypatch.setenv("PGCDC_PG_DSN", f"host=127.0.0.1 port={free_port()} dbname=x user=y "
+                                       "password=topsecret")
+    with pytest.raises(SourceUnavailableError) as err:
+        defs()  # what the code location loader calls
+    assert "topsecret" not in str(err.value)
+    monkeypatch.delenv("PGCDC_PG_DSN")
+    with pytest.raises(ConfigurationError, match="PGCDC_PG_DSN is not set"):
+        defs()

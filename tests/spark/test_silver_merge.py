@@ -1,0 +1,140 @@
+"""Silver semantics on real Spark and Delta (design.md §3 decision 4; STR- TOAST, PK change,
+truncate; FT-10 replays harmless). Bronze is built from hand-made change segments, so these
+tests pin the sink independently of the decoder."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from pgcdc_dagster.capture.silver_apply import apply_silver
+from pgcdc_dagster.capture.bronze_write import write_window
+from pgcdc_dagster.capture.tables import TableContext
+from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Column, Relation, TableChanges, Window
+from pgcdc_dagster.cdc.envelope import SourceIdentity
+from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.cdc.typeconv import PgType, TypeModes, converter_for
+from pgcdc_dagster.lake.delta import ensure_table
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.silver import live_rows
+
+pytestmark = pytest.mark.spark
+
+INT4 = PgType(23, "pg_catalog", "int4", "b", "N")
+TEXT = PgType(25, "pg_catalog", "text", "b", "S")
+REL = Relation(16400, "public", "docs", "d", (
+    Column("id", 23, -1, True), Column("title", 25, -1, False), Column("body", 25, -1, False)))
+IDENT = SourceIdentity("test", "db")
+
+
+def _ctx(lakehouse) -> TableContext:
+    modes = TypeModes()
+    convs = (converter_for("id", INT4, -1, modes), converter_for("title", TEXT, -1, modes),
+             converter_for("body", TEXT, -1, modes))
+    return TableContext(REL, convs, table_uri(str(lakehouse), "bronze", "public", "docs"),
+                        table_uri(str(lakehouse), "silver", "public", "docs"),
+                        "t:bronze", "t:silver")
+
+
+class Seg:
+    """Builds a TableChanges segment; each call is one event in its own transaction."""
+
+    def __init__(self) -> None:
+        self.seg = TableChanges(REL)
+        self.lsn = 1000
+
+    def add(self, op, before=None, after=None, key_only=False):
+        self.lsn += 10
+        s = self.seg
+        s.op.append(op)
+        s.commit_lsn.append(self.lsn)
+        s.lsn.append(self.lsn - 5)
+        s.xid.append(self.lsn)
+        s.commit_ts_us.append(1_700_000_000_000_000 + self.lsn)
+        s.total_order.append(1)
+        s.collection_order.append(1)
+        s.before.append(before)
+        s.before_key_only.append(key_only)
+        s.after.append(after)
+        s.truncate_options.append(0)
+        return self
+
+
+def _write(lakehouse, seg: TableChanges, upto: int) -> None:
+    ctx = _ctx(lakehouse)
+    ensure_table(ctx.bronze_uri, ctx.bronze_schema)
+    window = Window(tables={REL.qualified: [seg]})
+    convs = list(ctx.converters)
+    write_window(window, Lsn(upto), {REL.qualified: ctx}, lambda rel: convs, IDENT)
+
+
+def _silver(lakehouse) -> dict[int, dict]:
+    return {r["id"]: r for r in live_rows(_ctx(lakehouse).silver_uri).to_pylist()}
+
+
+def test_toast_pk_change_delete_and_replay(spark, lakehouse) -> None:
+    b = Seg()
+    b.add("c", after=(b"1", b"one", b"x" * 5000))
+    b.add("c", after=(b"2", b"two", b"long body two"))
+    b.add("c", after=(b"3", b"three", b"body three"))
+    _write(lakehouse, b.seg, 2000)
+    apply_silver(_ctx(lakehouse), spark)
+    assert _silver(lakehouse)[1]["body"] == "x" * 5000
+
+    b2 = Seg()
+    b2.lsn = 3000
+    # unchanged TOAST body: the stored value must survive (never the placeholder)
+    b2.add("u", after=(b"1", b"one v2", UNCHANGED_TOAST))
+    # within one batch: full value first, then an unchanged-TOAST update of the same key
+    b2.add("u", after=(b"2", b"two v2", b"new body two"))
+    b2.add("u", after=(b"2", b"two v3", UNCHANGED_TOAST))
+    # primary-key change 3 -> 30 (K old tuple): a delete of 3 and a create of 30
+    b2.add("u", before=(b"3", None, None), after=(b"30", b"thirty", b"body 30"), key_only=True)
+    b2.add("c", after=(b"4", b"four", b"b4"))
+    b2.add("d", before=(b"4", None, None), key_only=True)
+    _write(lakehouse, b2.seg, 4000)
+    report = apply_silver(_ctx(lakehouse), spark)
+    assert report.events == 7  # the key change is two events
+    silver = _silver(lakehouse)
+    assert set(silver) == {1, 2, 30}
+    assert silver[1]["title"] == "one v2" and silver[1]["body"] == "x" * 5000
+    assert silver[2]["title"] == "two v3" and silver[2]["body"] == "new body two"
+    assert silver[30]["body"] == "body 30"
+    bronze = DeltaTable(_ctx(lakehouse).bronze_uri).to_pyarrow_table()
+    toast_row = bronze.filter(pa.compute.equal(bronze["__commit_lsn"], 3010)).to_pylist()[0]
+    assert toast_row["after"]["body"] == "__debezium_unavailable_value"
+    assert toast_row["__toast_unchanged"] == ["body"]
+
+    # A replay of old events (e.g. bronze rewritten) cannot move silver backwards.
+    before = _silver(lakehouse)
+    _write(lakehouse, b.seg, 5000)  # exactly-once: the window <= 4000 is skipped
+    assert DeltaTable(_ctx(lakehouse).bronze_uri).to_pyarrow_table().num_rows == 10
+    ctx = _ctx(lakehouse)
+    silver = DeltaTable(ctx.silver_uri)
+    silver.delete(predicate="true")  # force a full replay of bronze into an empty silver
+    replayed = TableContext(ctx.relation, ctx.converters, ctx.bronze_uri, ctx.silver_uri,
+                            ctx.bronze_app_id, "t:silver-replay")
+    apply_silver(replayed, spark)
+    assert _silver(lakehouse) == before
+    tombstones = DeltaTable(ctx.silver_uri).to_pyarrow_table().filter(
+        pa.compute.field("__deleted")).to_pylist()
+    assert sorted(r["id"] for r in tombstones) == [3, 4]
+
+
+def test_truncate_empties_silver_and_later_rows_survive(spark, lakehouse) -> None:
+    b = Seg()
+    b.add("c", after=(b"1", b"a", b"a"))
+    b.add("c", after=(b"2", b"b", b"b"))
+    b.add("t")
+    b.add("c", after=(b"3", b"c", b"c"))
+    _write(lakehouse, b.seg, 2000)
+    apply_silver(_ctx(lakehouse), spark)
+    assert set(_silver(lakehouse)) == {3}
+    b2 = Seg()
+    b2.lsn = 3000
+    b2.add("t")
+    _write(lakehouse, b2.seg, 4000)
+    report = apply_silver(_ctx(lakehouse), spark)
+    assert report.counts["deleted_by_truncate"] == 1
+    assert _silver(lakehouse) == {}
