@@ -43,6 +43,15 @@ def patch(fast: pa.Array, text: pa.StringArray, mask: pa.Array,
     return pc.replace_with_mask(fast, filled, pa.array(repl, type=fast.type))
 
 
+def zero_value(schema: ConnectSchema) -> object:
+    """The zero of a Connect schema: 0, 0.0, False, "", b"", [], {} or a struct of zeros."""
+    zeros: dict[str, object] = {"boolean": False, "string": "", "bytes": b"", "float32": 0.0,
+                                "float64": 0.0, "array": [], "map": []}
+    if schema.type == "struct":
+        return {n: (None if s.optional else zero_value(s)) for n, s in schema.fields}
+    return zeros.get(schema.type, 0)
+
+
 class BaseConverter:
     """A column converter: a Kafka Connect schema for bronze plus a native silver type.
 
@@ -74,10 +83,23 @@ class BaseConverter:
                 f"bronze={self.bronze_field.type}, silver={self.silver_field.type})")
 
     def to_bronze(self, text: pa.Array) -> pa.Array:
-        """Text output values (nulls for SQL NULL) -> Debezium-encoded values."""
+        """Text output values (nulls for SQL NULL) -> Debezium-encoded values.
+
+        For a NOT NULL column, a null (e.g. a non-key column of a DELETE's old-key tuple) is
+        replaced by :meth:`bronze_fallback`, as Debezium's ``convertValue`` does.
+        """
         out = self._bronze(as_text(text))
         assert out.type == self.bronze_field.type, (out.type, self.bronze_field.type)
+        if not self.nullable and out.null_count:
+            out = pc.fill_null(out, self.bronze_fallback())
         return out
+
+    def bronze_fallback(self) -> pa.Scalar:
+        """The value Debezium writes for a null in a NOT NULL column (its type's zero)."""
+        return pa.scalar(self._fallback_value(), type=self.bronze_field.type)
+
+    def _fallback_value(self) -> object:
+        return zero_value(self.schema)
 
     def to_silver(self, text: pa.Array) -> pa.Array:
         """Text output values (nulls for SQL NULL) -> native values."""

@@ -30,6 +30,7 @@ POINT_SCHEMA = ConnectSchema(
 POINT_SILVER = pa.struct([pa.field("x", pa.float64(), False), pa.field("y", pa.float64(), False)])
 GEO_SILVER = pa.struct([pa.field("wkb", pa.binary(), False), pa.field("srid", pa.int32())])
 EWKB_SRID_FLAG = 0x20000000
+EMPTY_GEOMETRYCOLLECTION = "010700000000000000"  # PostgisGeometry.createEmpty()
 
 
 def geo_schema(geography: bool) -> ConnectSchema:
@@ -81,6 +82,9 @@ class PointConverter(BaseConverter):
         return map_values(text, lambda v: dict(zip("xy", parse_point(v), strict=True)),
                           POINT_SILVER)
 
+    def _fallback_value(self) -> object:
+        return {"x": 0.0, "y": 0.0, "wkb": wkb_point(0.0, 0.0), "srid": None}
+
 
 class PostgisConverter(BaseConverter):
     """PostGIS geometry / geography -> Geometry / Geography {wkb, srid}."""
@@ -104,3 +108,6 @@ class PostgisConverter(BaseConverter):
     def bronze_placeholder(self) -> pa.Scalar | None:
         """Debezium has no geometry placeholder value; the envelope flags the column."""
         return None
+
+    def _fallback_value(self) -> object:
+        return self._value(EMPTY_GEOMETRYCOLLECTION)

@@ -120,6 +120,9 @@ class HstoreConverter(BaseConverter):
     def _silver(self, text: pa.StringArray) -> pa.Array:
         return map_values(text, parse_hstore, SILVER_TYPE)
 
+    def _fallback_value(self) -> object:
+        return "{}" if self.as_json else []
+
     def bronze_placeholder(self) -> pa.Scalar | None:
         """``{placeholder: placeholder}`` (JSON text in ``json`` mode)."""
         p = self.modes.placeholder_text

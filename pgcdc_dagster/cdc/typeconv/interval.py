@@ -104,6 +104,9 @@ class IntervalConverter(BaseConverter):
                   else primitive("int64", "io.debezium.time.MicroDuration"))
         super().__init__(column, pgtype, typmod, modes, nullable, schema, SILVER_TYPE)
 
+    def _fallback_value(self) -> object:
+        return "P0Y0M0DT0H0M0S" if self.as_string else 0
+
     def _bronze(self, text: pa.StringArray) -> pa.Array:
         if self.as_string:
             return map_values(text, lambda v: parse_interval(v).iso_string(), pa.string())

@@ -89,6 +89,11 @@ class NumericConverter(BaseConverter):
             silver = pa.decimal128(self.ps[0] - min(self.ps[1], 0), max(self.ps[1], 0))
         super().__init__(column, pgtype, typmod, modes, nullable, schema, silver)
 
+    def _fallback_value(self) -> object:
+        if self.mode == "precise":
+            return {"scale": 0, "value": b"\x00"} if self.ps is None else b"\x00"
+        return "0" if self.mode == "string" else 0.0
+
     def _specials(self, text: pa.StringArray) -> pa.Array:
         return pc.is_in(text, value_set=pa.array(list(SPECIAL_STRINGS)))
 
@@ -173,6 +178,10 @@ class MoneyConverter(BaseConverter):
         }[self.mode]
         silver = pa.decimal128(17 + max(self.digits, 2), self.digits)
         super().__init__(column, pgtype, typmod, modes, nullable, schema, silver)
+
+    def _fallback_value(self) -> object:
+        return {"precise": b"\x00", "string": "0." + "0" * self.digits if self.digits else "0",
+                "double": 0.0}[self.mode]
 
     @staticmethod
     def _clean(text: pa.StringArray) -> pa.Array:

@@ -140,7 +140,7 @@ class StringConverter(BaseConverter):
 
     def bronze_placeholder(self) -> pa.Scalar | None:
         """The placeholder string; None for fixed-width types, which are never TOASTed."""
-        if self.pgtype.name in _FIXED_WIDTH:
+        if self.pgtype.name in _FIXED_WIDTH or self.pgtype.typtype == "e":
             return None
         return self._string_placeholder()
 

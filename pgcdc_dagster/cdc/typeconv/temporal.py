@@ -22,7 +22,9 @@ shifted to UTC, ``HH:MM:SS[.f]Z`` with minimal fraction digits.
 
 Silver: DATE -> date32; TIME -> time64('us'); TIMESTAMP -> timestamp('us') (no zone);
 TIMESTAMPTZ -> timestamp('us', tz='UTC'); TIMETZ -> string (PostgreSQL's text, offset kept).
-Infinities are clamped to 0001-01-01 / 9999-12-31 23:59:59.999999 (the Delta/Spark range).
+Infinities are clamped to 0001-01-01 / 9999-12-31 23:59:59.999999 (the Delta/Spark range),
+as are values outside it. DATE infinities in bronze are Debezium's epoch days of its infinity
+dates (-5877611-06-21 for ``infinity``, -5877611-06-22 for ``-infinity``).
 """
 
 from __future__ import annotations
@@ -99,18 +101,27 @@ class DateConverter(BaseConverter):
         return self._days(text)
 
     def _silver(self, text: pa.StringArray) -> pa.Array:
-        low = pc.max_element_wise(self._days(text), SILVER_MIN_DAYS, skip_nulls=False)
+        days = self._days(text)
+        infinite = pc.less(days, SILVER_MIN_DAYS - 10**9)
+        pos = pc.equal(days, POSITIVE_INFINITY_DAYS)
+        days = pc.if_else(pc.and_(infinite, pos), SILVER_MAX_DAYS, days)
+        low = pc.max_element_wise(days, SILVER_MIN_DAYS, skip_nulls=False)
         days = pc.min_element_wise(low, SILVER_MAX_DAYS, skip_nulls=False)
-        return pc.cast(days, pa.date32())
+        return pc.cast(pc.cast(days, pa.int32()), pa.date32())
+
+
+# Debezium maps the date infinities to PostgresValueConverter.POSITIVE_INFINITY_LOCAL_DATE
+# (-5877611-06-21) and NEGATIVE_INFINITY_LOCAL_DATE (-5877611-06-22); these are their epoch days.
+POSITIVE_INFINITY_DAYS = cal.days_from_civil(-5877611, 6, 21)
+NEGATIVE_INFINITY_DAYS = cal.days_from_civil(-5877611, 6, 22)
 
 
 def _date_days(text: str) -> int:
-    """Days of a date text; infinities map to the int32 extremes (Debezium's epoch day of
-    PgJDBC's infinity LocalDate would overflow INT32)."""
+    """Days of a date text, with Debezium's values for ``infinity`` / ``-infinity``."""
     if text == "infinity":
-        return 2**31 - 1
+        return POSITIVE_INFINITY_DAYS
     if text == "-infinity":
-        return -(2**31)
+        return NEGATIVE_INFINITY_DAYS
     return cal.parse_date_days(text)
 
 
@@ -210,6 +221,9 @@ class TimestampTzConverter(BaseConverter):
         """Fixed width: never TOASTed."""
         return None
 
+    def _fallback_value(self) -> object:
+        return "1970-01-01T00:00:00Z"
+
 
 class TimeTzConverter(BaseConverter):
     """TIMETZ -> STRING io.debezium.time.ZonedTime in UTC; silver: PostgreSQL's text."""
@@ -224,11 +238,14 @@ class TimeTzConverter(BaseConverter):
         local = cal.parse_time_micros(text)
         utc = local - cal.parse_offset_seconds(text) * 1_000_000
         if local == cal.MICROS_PER_DAY and utc == cal.MICROS_PER_DAY:
-            return "24:00Z"
+            return "24:00:00Z"  # PostgresTimeBoundary.TIME_WITH_TIMEZONE_BOUNDARY_AT_UTC
         return cal.iso_time(utc % cal.MICROS_PER_DAY) + "Z"
 
     def _bronze(self, text: pa.StringArray) -> pa.Array:
         return map_values(text, self._zoned, pa.string())
+
+    def _fallback_value(self) -> object:
+        return "00:00:00Z"
 
     def _silver(self, text: pa.StringArray) -> pa.Array:
         return text
