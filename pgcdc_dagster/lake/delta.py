@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -125,10 +126,15 @@ def commit_files(table: DeltaTable, files: Sequence[DataFile], schema: pa.Schema
     return table.version()
 
 
+def file_paths(uri: str, version: int) -> set[str]:
+    """Data files of a table version, as paths Spark and pyarrow open (local ones unquoted)."""
+    files = DeltaTable(uri, version=version).file_uris()
+    return {unquote(f) if "://" not in f else f for f in files}
+
+
 def new_files(uri: str, since_version: int | None, until_version: int) -> list[str]:
     """Files added to an append-only table after ``since_version`` up to ``until_version``."""
-    now = set(DeltaTable(uri, version=until_version).file_uris())
+    now = file_paths(uri, until_version)
     if since_version is None or since_version < 0:
         return sorted(now)
-    before = set(DeltaTable(uri, version=since_version).file_uris())
-    return sorted(now - before)
+    return sorted(now - file_paths(uri, since_version))
