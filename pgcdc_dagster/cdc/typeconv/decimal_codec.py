@@ -28,8 +28,18 @@ def bytes_to_unscaled(data: bytes) -> int:
 
 
 def parse_unscaled(text: str, scale: int) -> int:
-    """The unscaled integer of a PostgreSQL numeric text at ``scale`` (exact)."""
-    return int(Decimal(text).scaleb(scale).to_integral_exact())
+    """The unscaled integer of a PostgreSQL numeric text at ``scale`` (exact, any length).
+
+    PostgreSQL prints a NUMERIC(p,s) value with exactly s fraction digits (a multiple of
+    10^-s for a negative scale), so no rounding is involved.
+    """
+    negative = text.startswith("-")
+    whole, _, frac = text.lstrip("+-").partition(".")
+    if scale >= 0:
+        value = int((whole or "0") + frac[:scale].ljust(scale, "0"))
+    else:
+        value = int(whole or "0") // 10 ** (-scale)
+    return -value if negative else value
 
 
 def decimal_array_to_bytes(values: pa.Array) -> pa.BinaryArray:

@@ -60,7 +60,9 @@ class IntervalParts:
         number_of_days = (self.years * 12 + self.months) * DAYS_PER_MONTH_AVG + self.days
         number_of_seconds = (((number_of_days * 24 + self.hours) * 60) + self.minutes) * 60 \
             + self.seconds
-        return int(number_of_seconds * 1000000.0)
+        micros = number_of_seconds * 1000000.0
+        # Java's (long) cast saturates at the int64 limits
+        return max(min(int(micros), 2**63 - 1), -(2**63))
 
     def iso_string(self) -> str:
         """``Interval.toIsoString``: ``P1Y2M3DT4H5M6.78S``."""

@@ -22,6 +22,7 @@ shifted to UTC, ``HH:MM:SS[.f]Z`` with minimal fraction digits.
 
 Silver: DATE -> date32; TIME -> time64('us'); TIMESTAMP -> timestamp('us') (no zone);
 TIMESTAMPTZ -> timestamp('us', tz='UTC'); TIMETZ -> string (PostgreSQL's text, offset kept).
+TIME ``24:00:00`` is stored in silver as 23:59:59.999999 (a time of day cannot hold 24:00).
 Infinities are clamped to 0001-01-01 / 9999-12-31 23:59:59.999999 (the Delta/Spark range),
 as are values outside it. DATE infinities in bronze are Debezium's epoch days of its infinity
 dates (-5877611-06-21 for ``infinity``, -5877611-06-22 for ``-infinity``).
@@ -151,7 +152,9 @@ class TimeConverter(BaseConverter):
         return micros
 
     def _silver(self, text: pa.StringArray) -> pa.Array:
-        return pc.cast(self._micros(text), pa.time64("us"))
+        micros = pc.min_element_wise(self._micros(text), cal.MICROS_PER_DAY - 1,
+                                     skip_nulls=False)
+        return pc.cast(micros, pa.time64("us"))
 
 
 class TimestampConverter(BaseConverter):
