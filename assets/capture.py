@@ -5,8 +5,6 @@ initial snapshot when ``snapshot.mode`` asks for one and reads bounded windows. 
 multi-asset applies what bronze appended since silver last caught up.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -102,7 +100,8 @@ def build_capture_assets(tables: Sequence[tuple[str, str]]) -> list[dg.AssetsDef
     @dg.multi_asset(specs=bronze_specs, name="bronze", pool=CAPTURE_POOL, can_subset=False)
     def bronze(context: dg.AssetExecutionContext, config: BronzeConfig,
                postgres: PostgresResource, lakehouse: LakehouseResource,
-               capture: CaptureResource, spark: SparkResource) -> Iterator[dg.MaterializeResult]:
+               capture: CaptureResource, spark: SparkResource,
+               ) -> Iterator[dg.MaterializeResult[Any]]:
         settings = capture.settings(postgres.dsn, lakehouse.root)
         run = run_bronze(settings, spark.get_session(), force_snapshot_step=config.snapshot_step,
                          only=set(tables), progress=context.log.info)
@@ -115,7 +114,7 @@ def build_capture_assets(tables: Sequence[tuple[str, str]]) -> list[dg.AssetsDef
     @dg.multi_asset(specs=silver_specs, name="silver", can_subset=True)
     def silver(context: dg.AssetExecutionContext, postgres: PostgresResource,
                lakehouse: LakehouseResource, capture: CaptureResource,
-               spark: SparkResource) -> Iterator[dg.MaterializeResult]:
+               spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
         settings = capture.settings(postgres.dsn, lakehouse.root)
         selected = {(k.path[1], k.path[2]) for k in context.selected_asset_keys}
         for report in run_silver(settings, spark.get_session(), only=selected):

@@ -30,8 +30,9 @@ TABLES = {
                   at timestamptz, day date, tags jsonb)""",
 }
 FILL = {
-    "orders": """INSERT INTO orders SELECT g, g %% 10007, 'status-' || (g %% 7), (g %% 100000) / 100.0,
-                 now() - g * interval '1 second', repeat('n', g %% 40), g %% 3 = 0
+    "orders": """INSERT INTO orders SELECT g, g %% 10007, 'status-' || (g %% 7),
+                 (g %% 100000) / 100.0, now() - g * interval '1 second',
+                 repeat('n', g %% 40), g %% 3 = 0
                  FROM generate_series(1, %s) g""",
     "metrics": """INSERT INTO metrics SELECT g, 'host-' || (g %% 50), g * 0.25,
                   now() - g * interval '1 minute', current_date - (g %% 1000),

@@ -102,7 +102,7 @@ def summary(dsn: str, lakehouse: str, tables: list[tuple[str, str]]) -> list[str
             live = silver.num_rows - pc.sum(silver["__deleted"]).as_py() if silver.num_rows else 0
             bronze = DeltaTable(table_uri(lakehouse, "bronze", schema, table)).to_pyarrow_table(
                 columns=["op", "__commit_lsn"])
-            ops = {}
+            ops: dict[str, int] = {}
             for op in bronze["op"].to_pylist():
                 ops[op] = ops.get(op, 0) + 1
             by_op = " ".join(f"{k}={v}" for k, v in sorted(ops.items()))
@@ -144,14 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         rng = random.Random(7)
         print("demo: initial snapshot (while writers keep changing the tables)")
         apply_workload(dsn, rng, 20)
-        result = defs.get_job_def("initial_snapshot").execute_in_process()
+        result = defs.resolve_job_def("initial_snapshot").execute_in_process()
         if not result.success:
             print("demo: initial snapshot failed", file=sys.stderr)
             return 1
         for batch in range(1, args.batches + 1):
             changes = apply_workload(dsn, rng, 200)
             print(f"demo: micro-batch {batch} after ~{changes} changes")
-            result = defs.get_job_def("cdc_microbatch").execute_in_process()
+            result = defs.resolve_job_def("cdc_microbatch").execute_in_process()
             if not result.success:
                 print("demo: micro-batch failed", file=sys.stderr)
                 return 1

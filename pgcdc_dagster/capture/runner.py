@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
 from pgcdc_dagster.capture.snapshot import SnapshotReport, load_contexts, run_initial_snapshot
-from pgcdc_dagster.capture.stream import StreamReport, _current_db, run_windows
+from pgcdc_dagster.capture.stream import StreamReport, run_windows
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.postgres.connection import connection
+from pgcdc_dagster.postgres.discovery import current_database
 from pgcdc_dagster.postgres.slot import slot_info
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot
     if settings.snapshot_mode == "initial_only":
         run.notes.append("snapshot.mode = initial_only: no streaming")
         return run
-    ident = SourceIdentity(settings.topic_prefix, _current_db(settings))
+    with connection(settings.dsn) as conn:
+        ident = SourceIdentity(settings.topic_prefix, current_database(conn))
     run.stream = run_windows(settings, contexts, ident)
     progress(f"stream: {len(run.stream.windows)} windows, {run.stream.start} -> "
              f"{run.stream.end}, slot lag {run.stream.slot_lag_bytes} bytes")

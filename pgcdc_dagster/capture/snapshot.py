@@ -21,7 +21,7 @@ from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import commit_files, committed_version, ensure_table, open_table
 from pgcdc_dagster.postgres.connection import connection
-from pgcdc_dagster.postgres.discovery import check_server, resolve_tables
+from pgcdc_dagster.postgres.discovery import check_server, current_database, resolve_tables
 from pgcdc_dagster.postgres.slot import create_slot_with_snapshot, ensure_publication, slot_info
 from pgcdc_dagster.postgres.snapshot_read import plan_chunks, table_blocks
 from pgcdc_dagster.spark.snapshot_tasks import ChunkResult, ChunkTask, run_chunks
@@ -94,7 +94,8 @@ def run_initial_snapshot(settings: CaptureSettings, spark: SparkSession) -> Snap
             f"{', '.join(missing)}. A consistent initial snapshot needs a new slot: run the "
             "teardown job (drops slot and publication) and run initial_snapshot again."
         )
-    ident = SourceIdentity(settings.topic_prefix, _dbname(settings.dsn))
+    with connection(settings.dsn) as conn:
+        ident = SourceIdentity(settings.topic_prefix, current_database(conn))
     with create_slot_with_snapshot(settings.dsn, settings.slot) as exported:
         log.info("slot %s created at %s, snapshot %s", exported.name, exported.consistent_point,
                  exported.snapshot_name)
@@ -139,12 +140,3 @@ def _commit_table(ctx: TableContext, results: Sequence[ChunkResult],
                              mode="overwrite", app_id=ctx.silver_app_id, version=b_version,
                              metadata=meta)
     return TableSnapshotReport(ctx.name, rows, len(results), b_version, s_version)
-
-
-def _dbname(dsn: str) -> str:
-    import psycopg2.extensions
-
-    try:
-        return str(psycopg2.extensions.parse_dsn(dsn).get("dbname", ""))
-    except psycopg2.ProgrammingError:
-        return ""

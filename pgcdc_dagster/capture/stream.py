@@ -16,10 +16,8 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import psycopg2.extensions
-from pgcdc_dagster.postgres.peek import peek_window
 
 from pgcdc_dagster.capture.bronze_write import write_window
 from pgcdc_dagster.capture.settings import CaptureSettings
@@ -30,10 +28,8 @@ from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.postgres.catalog import load_types
 from pgcdc_dagster.postgres.connection import connection
+from pgcdc_dagster.postgres.peek import peek_window
 from pgcdc_dagster.postgres.slot import advance_slot, current_flush_lsn, require_usable_slot
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -127,20 +123,3 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
         report.wal_status = final.wal_status
     report.seconds = time.monotonic() - started
     return report
-
-
-def run_microbatch(settings: CaptureSettings, contexts: Sequence[TableContext],
-                   spark: SparkSession) -> tuple[StreamReport, list[object]]:
-    """Windows into bronze, then every table's silver catch-up."""
-    from pgcdc_dagster.capture.silver_apply import apply_silver
-
-    ident = SourceIdentity(settings.topic_prefix, _current_db(settings))
-    report = run_windows(settings, contexts, ident)
-    silver = [apply_silver(ctx, spark) for ctx in contexts]
-    return report, silver
-
-
-def _current_db(settings: CaptureSettings) -> str:
-    with connection(settings.dsn) as conn, conn.cursor() as cur:
-        cur.execute("SELECT current_database()")
-        return str(cur.fetchone()[0])

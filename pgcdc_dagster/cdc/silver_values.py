@@ -81,7 +81,7 @@ def from_bronze(conv: ColumnConverter, values: pa.Array) -> pa.Array:
     """Decode one column of bronze values into the converter's silver type."""
     custom = getattr(conv, "from_bronze", None)
     if custom is not None:
-        return custom(values)  # type: ignore[no-any-return]
+        return custom(values)
     target = conv.silver_field.type
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from pgcdc_dagster.lake.paths import is_local
 
@@ -98,8 +98,8 @@ def _stats(path: str, num_records: int) -> str:
             if name not in flat or col.statistics is None or not col.statistics.has_min_max:
                 continue
             lo, hi = col.statistics.min, col.statistics.max
-            mins[name] = lo if name not in mins else min(mins[name], lo)  # type: ignore[call-overload]
-            maxs[name] = hi if name not in maxs else max(maxs[name], hi)  # type: ignore[call-overload]
+            mins[name] = lo if name not in mins else min(mins[name], lo)
+            maxs[name] = hi if name not in maxs else max(maxs[name], hi)
             nulls[name] = nulls.get(name, 0) + int(col.statistics.null_count or 0)
     return json.dumps({"numRecords": num_records, "minValues": mins, "maxValues": maxs,
                        "nullCount": nulls})
@@ -119,7 +119,8 @@ def commit_files(table: DeltaTable, files: Sequence[DataFile], schema: pa.Schema
     ``overwrite`` removes every file the table had: a re-snapshot replaces silver.
     """
     now = int(time.time() * 1000)
-    actions = [AddAction(f.path, f.size, {}, now, True, f.stats) for f in files]
+    actions: list[AddAction | RemoveAction] = [
+        AddAction(f.path, f.size, {}, now, True, f.stats) for f in files]
     table.create_write_transaction(actions, mode, schema,
                                    commit_properties=commit_properties(app_id, version, metadata))
     table.update_incremental()

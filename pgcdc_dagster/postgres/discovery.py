@@ -140,3 +140,10 @@ def table_exists(conn: psycopg2.extensions.connection, schema: str, table: str) 
         cur.execute("SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL",
                     (schema, table))
         return bool(cur.fetchone()[0])
+
+
+def current_database(conn: psycopg2.extensions.connection) -> str:
+    """Name of the database the connection is on (Debezium ``source.db``)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_database()")
+        return str(cur.fetchone()[0])

@@ -146,7 +146,7 @@ def drop_slot(conn: psycopg2.extensions.connection, slot: str) -> bool:
     with conn.cursor() as cur:
         cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                     "WHERE slot_name = %s", (slot,))
-        return cur.rowcount > 0
+        return bool(cur.rowcount > 0)
 
 
 def ensure_publication(conn: psycopg2.extensions.connection, name: str,

@@ -60,7 +60,7 @@ def test_jobs_in_process(pg_dsn, pg_conn, spark, lakehouse) -> None:
     assert {"bronze/public/items", "silver/public/items", "bronze/public/tags",
             "silver/public/tags", "source/public/items"} <= keys
 
-    result = definitions.get_job_def("initial_snapshot").execute_in_process()
+    result = definitions.resolve_job_def("initial_snapshot").execute_in_process()
     assert result.success
     mats = _materializations(result)
     assert mats["bronze/public/items"]["snapshot_rows"] == 200
@@ -69,7 +69,7 @@ def test_jobs_in_process(pg_dsn, pg_conn, spark, lakehouse) -> None:
 
     with pg_conn.cursor() as cur:
         cur.execute(CHANGES)
-    result = definitions.get_job_def("cdc_microbatch").execute_in_process()
+    result = definitions.resolve_job_def("cdc_microbatch").execute_in_process()
     assert result.success
     mats = _materializations(result)
     items = mats["bronze/public/items"]
