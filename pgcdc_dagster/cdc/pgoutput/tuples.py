@@ -1,0 +1,163 @@
+"""TupleData parsing, shared by the message decoder and the assembler's hot path.
+
+Wire format (PostgreSQL docs, "Logical Replication Message Formats", TupleData): Int16 column
+count, then per column a Byte1 kind: ``n`` NULL, ``u`` unchanged TOAST (value not sent),
+``t`` text or ``b`` binary, the latter two followed by Int32 length and the value bytes.
+
+The readers take ``(buf, pos, end)`` so that a message can be parsed in place inside a larger
+buffer (a whole COPY row) without slicing it out first. Lengths are read unsigned, so a
+corrupt length always runs past ``end`` and is reported instead of walking backwards.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import cast
+
+from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Row, Value
+
+_KIND_NULL = 0x6E  # 'n'
+_KIND_TOAST = 0x75  # 'u'
+_KIND_TEXT = 0x74  # 't'
+_KIND_BINARY = 0x62  # 'b'
+
+_unpack_u32: Callable[[bytes, int], tuple[int]] = struct.Struct(">I").unpack_from
+_unpack_i16: Callable[[bytes, int], tuple[int]] = struct.Struct(">h").unpack_from
+
+
+class WireError(Exception):
+    """A wire-format problem at an absolute offset in ``buf``; the caller names the message."""
+
+    def __init__(self, what: str, offset: int) -> None:
+        super().__init__(what)
+        self.what = what
+        self.offset = offset
+
+
+def read_row(buf: bytes, pos: int, end: int) -> tuple[Row, int]:
+    """Parse one TupleData starting at ``pos``; return its values and the position after it.
+
+    Text and binary values come back as ``bytes`` (the caller knows which option it asked
+    for); ``None`` is NULL and :data:`UNCHANGED_TOAST` an unchanged out-of-line value.
+
+    Raises:
+        WireError: an unknown kind byte, or the tuple runs past ``end``.
+    """
+    start = pos
+    try:
+        ncols = _unpack_i16(buf, pos)[0]
+        pos += 2
+        values: list[Value] = []
+        append = values.append
+        for _ in range(ncols):
+            kind = buf[pos]
+            if kind == _KIND_TEXT or kind == _KIND_BINARY:
+                length = _unpack_u32(buf, pos + 1)[0]
+                pos += 5
+                append(buf[pos:pos + length])
+                pos += length
+            elif kind == _KIND_NULL:
+                append(None)
+                pos += 1
+            elif kind == _KIND_TOAST:
+                append(UNCHANGED_TOAST)
+                pos += 1
+            else:
+                raise WireError(f"unknown tuple column kind {kind:#04x}", pos)
+    except (struct.error, IndexError) as exc:
+        raise WireError(f"TupleData truncated ({exc})", start) from None
+    if pos > end or ncols < 0:
+        raise WireError("TupleData runs past the end of the message", start)
+    return tuple(values), pos
+
+
+def read_tuple_kinds(buf: bytes, pos: int, end: int) -> tuple[bytes, Row, int]:
+    """Like :func:`read_row` but also return the kind byte of every column.
+
+    Raises:
+        WireError: an unknown kind byte, or the tuple runs past ``end``.
+    """
+    start = pos
+    try:
+        ncols = _unpack_i16(buf, pos)[0]
+        pos += 2
+        kinds = bytearray()
+        values: list[Value] = []
+        for _ in range(ncols):
+            kind = buf[pos]
+            kinds.append(kind)
+            if kind == _KIND_TEXT or kind == _KIND_BINARY:
+                length = _unpack_u32(buf, pos + 1)[0]
+                pos += 5
+                if pos + length > end:
+                    raise WireError("column value runs past the end of the message", pos - 4)
+                values.append(buf[pos:pos + length])
+                pos += length
+            elif kind == _KIND_NULL:
+                values.append(None)
+                pos += 1
+            elif kind == _KIND_TOAST:
+                values.append(UNCHANGED_TOAST)
+                pos += 1
+            else:
+                raise WireError(f"unknown tuple column kind {kind:#04x}", pos)
+    except (struct.error, IndexError) as exc:
+        raise WireError(f"TupleData truncated ({exc})", start) from None
+    if pos > end or ncols < 0:
+        raise WireError("TupleData runs past the end of the message", start)
+    return bytes(kinds), tuple(values), pos
+
+
+RowParser = Callable[[bytes, int], tuple[Row, int]]
+"""``parser(buf, pos) -> (row, pos_after)`` for TupleData with a known column count."""
+
+_PARSERS: dict[int, RowParser] = {}
+
+_COLUMN_TEMPLATE = """\
+    k = buf[p]
+    if k == 116 or k == 98:
+        e = p + 5 + u32(buf, p + 1)[0]
+        v{i} = buf[p + 5:e]
+        p = e
+    elif k == 110:
+        v{i} = None
+        p += 1
+    elif k == 117:
+        v{i} = toast
+        p += 1
+    else:
+        raise WireError("unknown tuple column kind %#04x" % k, p)
+"""
+
+
+def row_parser(ncols: int) -> RowParser:
+    """Return a parser for TupleData of exactly ``ncols`` columns (hot path of the assembler).
+
+    The parser is generated once per column count with the column loop unrolled: on
+    CPython this is about a quarter faster than :func:`read_row`, which matters at a
+    million rows per window. It checks the Int16 count, not the end of the buffer: the
+    caller compares the returned position with the message end (a corrupt length makes
+    it overshoot). An index past the buffer raises ``IndexError``.
+    """
+    parser = _PARSERS.get(ncols)
+    if parser is not None:
+        return parser
+    if not 0 <= ncols <= 1664:  # MaxTupleAttributeNumber
+        raise ValueError(f"column count out of range: {ncols}")
+    lines = [
+        "def parse(buf, p):",
+        f"    if buf[p] != {ncols >> 8} or buf[p + 1] != {ncols & 0xFF}:",
+        f"        raise WireError('TupleData has %d columns, the relation {ncols}'"
+        " % ((buf[p] << 8) | buf[p + 1]), p)",
+        "    p += 2",
+    ]
+    lines += [_COLUMN_TEMPLATE.format(i=i) for i in range(ncols)]
+    values = "".join(f"v{i}, " for i in range(ncols))
+    lines.append(f"    return ({values}), p")
+    namespace: dict[str, object] = {
+        "u32": _unpack_u32, "toast": UNCHANGED_TOAST, "WireError": WireError}
+    exec("\n".join(lines), namespace)  # generated from constants only, no external input
+    generated = cast(RowParser, namespace["parse"])
+    _PARSERS[ncols] = generated
+    return generated

@@ -1,0 +1,226 @@
+"""Write committed changes into a :class:`~pgcdc_dagster.cdc.changes.Window`, one transaction
+at a time: the columnar hot path of the assembler.
+
+Insert, Update and Delete messages are parsed in place (no message object, no slicing of
+the message out of its COPY row) straight into the lists of the table's current
+:class:`~pgcdc_dagster.cdc.changes.TableChanges` segment. Per row only ``op``, ``lsn``,
+``total_order`` and ``after`` are appended; the columns that are constant within a
+transaction (commit LSN, xid, commit time, ``collection_order``) are filled in bulk when the
+transaction ends, and the mostly-default columns (``before``, ``before_key_only``,
+``truncate_options``) are padded lazily. After :meth:`WindowWriter.end` every list of every
+segment has the same length.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from itertools import repeat
+
+from pgcdc_dagster.cdc.changes import (
+    LogicalMessage,
+    Relation,
+    Row,
+    TableChanges,
+    TransactionInfo,
+    Window,
+)
+from pgcdc_dagster.cdc.pgoutput.tuples import RowParser, WireError, row_parser
+
+_u32: Callable[[bytes, int], tuple[int]] = struct.Struct(">I").unpack_from
+
+_INSERT, _UPDATE = 0x49, 0x55  # 'I', 'U' ('D' otherwise)
+_NEW, _KEY, _OLD = 0x4E, 0x4B, 0x4F  # 'N', 'K', 'O'
+
+
+class _Target:
+    """The segment that receives a relation's rows, with its list appenders bound."""
+
+    __slots__ = ("after", "gen", "lsn", "op", "order", "parse", "qualified", "seg")
+
+    def __init__(self, seg: TableChanges) -> None:
+        self.seg = seg
+        self.qualified = seg.relation.qualified
+        self.parse: RowParser = row_parser(len(seg.relation.columns))
+        self.op = seg.op.append
+        self.lsn = seg.lsn.append
+        self.order = seg.total_order.append
+        self.after = seg.after.append
+        self.gen = -1
+
+
+def _pad(values: list[object], size: int, fill: object) -> None:
+    if len(values) < size:
+        values.extend(repeat(fill, size - len(values)))
+
+
+class WindowWriter:
+    """Accumulates the committed transactions of one window into a :class:`Window`."""
+
+    def __init__(self) -> None:
+        self.window = Window()
+        self.relations: dict[int, Relation] = {}
+        """Relation oid -> latest Relation message applied to the committed stream."""
+        self._targets: dict[int, _Target] = {}
+        self._gen = 0
+        self._touched: list[tuple[TableChanges, int]] = []
+        self._touched_ids: set[int] = set()
+        self.in_txn = False
+        self.skip = False
+        self.order = 0
+        self.xid = 0
+        self.commit_lsn = 0
+        self.commit_ts_us = 0
+
+    def relation(self, relation: Relation) -> None:
+        """Apply a Relation message; a changed shape opens a new segment at the next row."""
+        if self.relations.get(relation.oid) != relation:
+            self.relations[relation.oid] = relation
+            self._targets.pop(relation.oid, None)
+
+    def begin(self, xid: int, commit_lsn: int, commit_ts_us: int, skip: bool) -> None:
+        """Open a transaction whose commit LSN and time are already known."""
+        self._gen += 1
+        self._touched = []
+        self._touched_ids = set()
+        self.in_txn = True
+        self.skip = skip
+        self.order = 0
+        self.xid = xid
+        self.commit_lsn = commit_lsn
+        self.commit_ts_us = commit_ts_us
+
+    def _target(self, oid: int, at: int) -> _Target:
+        relation = self.relations.get(oid)
+        if relation is None:
+            raise WireError(f"change for relation oid {oid} that no Relation message described",
+                            at)
+        segments = self.window.tables.setdefault(relation.qualified, [])
+        if not segments or segments[-1].relation != relation:
+            segments.append(TableChanges(relation))
+        target = self._targets[oid] = _Target(segments[-1])
+        return target
+
+    def _touch(self, target: _Target) -> None:
+        target.gen = self._gen
+        seg = target.seg
+        if id(seg) not in self._touched_ids:
+            self._touched_ids.add(id(seg))
+            self._touched.append((seg, len(seg.op)))
+
+    def change(self, code: int, lsn: int, buf: bytes, p: int, end: int) -> None:
+        """Write one Insert/Update/Delete; ``p`` points at its relation oid.
+
+        Raises:
+            WireError: unknown relation, bad tuple marker, or the message does not end at
+                ``end``; ``IndexError`` / ``struct.error`` on a truncated buffer.
+        """
+        if self.skip:
+            return
+        target = self._targets.get(_u32(buf, p)[0])
+        if target is None:
+            target = self._target(_u32(buf, p)[0], p)
+        if target.gen != self._gen:
+            self._touch(target)
+        p += 4
+        kind = buf[p]
+        if code == _INSERT:
+            if kind != _NEW:
+                raise WireError(f"expected 'N' before the new tuple, found {kind:#04x}", p)
+            row, p = target.parse(buf, p + 1)
+            target.op("c")
+            target.after(row)
+        elif code == _UPDATE:
+            if kind == _KEY or kind == _OLD:
+                old, p = target.parse(buf, p + 1)
+                if buf[p] != _NEW:
+                    raise WireError(f"expected 'N' after the old tuple, found {buf[p]:#04x}", p)
+                row, p = target.parse(buf, p + 1)
+                self._before(target.seg, old, kind == _KEY)
+            elif kind == _NEW:
+                row, p = target.parse(buf, p + 1)
+            else:
+                raise WireError(f"expected 'K', 'O' or 'N', found {kind:#04x}", p)
+            target.op("u")
+            target.after(row)
+        else:
+            if kind != _KEY and kind != _OLD:
+                raise WireError(f"expected 'K' or 'O', found {kind:#04x}", p)
+            old, p = target.parse(buf, p + 1)
+            self._before(target.seg, old, kind == _KEY)
+            target.op("d")
+            target.after(None)
+        if p != end:
+            raise WireError(f"message ends at byte {end}, its tuples at byte {p}", min(p, end))
+        target.lsn(lsn)
+        self.order += 1
+        target.order(self.order)
+
+    @staticmethod
+    def _before(seg: TableChanges, old: Row, key_only: bool) -> None:
+        size = len(seg.op)
+        _pad(seg.before, size, None)  # type: ignore[arg-type]
+        _pad(seg.before_key_only, size, False)  # type: ignore[arg-type]
+        seg.before.append(old)
+        seg.before_key_only.append(key_only)
+
+    def truncate(self, lsn: int, oids: tuple[int, ...], options: int) -> None:
+        """Write one 't' row per truncated relation."""
+        if self.skip:
+            return
+        for oid in oids:
+            target = self._targets.get(oid) or self._target(oid, 0)
+            if target.gen != self._gen:
+                self._touch(target)
+            seg = target.seg
+            _pad(seg.truncate_options, len(seg.op), 0)  # type: ignore[arg-type]
+            seg.truncate_options.append(options)
+            target.op("t")
+            target.after(None)
+            target.lsn(lsn)
+            self.order += 1
+            target.order(self.order)
+
+    def message(self, lsn: int, prefix: str, content: bytes) -> None:
+        """Record a transactional logical message of the open transaction."""
+        if self.skip:
+            return
+        self.order += 1
+        self.window.messages.append(LogicalMessage(
+            True, prefix, content, lsn, self.commit_lsn, self.xid, self.commit_ts_us,
+            self.order))
+
+    def end(self, end_lsn: int) -> TransactionInfo | None:
+        """Close the transaction: fill per-transaction columns, record TransactionInfo."""
+        window = self.window
+        window.last_commit_end_lsn = end_lsn
+        self.in_txn = False
+        if self.skip or self.order == 0:
+            return None
+        counts: dict[tuple[str, str], int] = {}
+        for seg, start in self._touched:
+            size = len(seg.op)
+            new = size - start
+            seg.commit_lsn.extend(repeat(self.commit_lsn, new))
+            seg.xid.extend(repeat(self.xid, new))
+            seg.commit_ts_us.extend(repeat(self.commit_ts_us, new))
+            done = counts.get(seg.relation.qualified, 0)
+            seg.collection_order.extend(range(done + 1, done + new + 1))
+            counts[seg.relation.qualified] = done + new
+            _pad(seg.before, size, None)  # type: ignore[arg-type]
+            _pad(seg.before_key_only, size, False)  # type: ignore[arg-type]
+            _pad(seg.truncate_options, size, 0)  # type: ignore[arg-type]
+        self._touched = []
+        self._touched_ids = set()
+        info = TransactionInfo(
+            self.xid, self.commit_lsn, end_lsn, self.commit_ts_us, self.order,
+            tuple((schema, table, n) for (schema, table), n in counts.items()))
+        window.transactions.append(info)
+        window.change_count += self.order
+        return info
+
+    def nontransactional_message(self, lsn: int, prefix: str, content: bytes) -> None:
+        """Record a message emitted with ``transactional => false`` (never rolled back)."""
+        self.window.messages.append(
+            LogicalMessage(False, prefix, content, lsn, lsn, None, None, 0))
+        self.window.change_count += 1

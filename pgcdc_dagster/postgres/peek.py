@@ -1,0 +1,182 @@
+"""Read one bounded window of a pgoutput slot without consuming it.
+
+``COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes(...)) TO STDOUT
+(FORMAT binary)`` streams the window; psycopg2's ``copy_expert`` hands every CopyData
+message (one row) to :class:`_PeekWriter`, which parses the COPY framing in place and feeds
+the pgoutput message straight to the :class:`~pgcdc_dagster.cdc.pgoutput.Assembler`, so the
+raw bytes of a window are never held in memory and decoding overlaps the server's work.
+
+The slot is only peeked: advancing it (``pg_replication_slot_advance``) after the sink has
+committed is the job of :mod:`pgcdc_dagster.postgres.slot`. The window is always bounded by
+an explicit ``upto_lsn`` (an unbounded peek pins WAL and re-decodes from ``restart_lsn``).
+"""
+
+from __future__ import annotations
+
+import gc
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from psycopg2 import sql
+
+from pgcdc_dagster.cdc.changes import Window
+from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.cdc.pgcopy import CopyBinaryParser
+from pgcdc_dagster.cdc.pgoutput.assembler import DEFAULT_SPILL_BYTES, Assembler, PendingTxn
+from pgcdc_dagster.cdc.pgoutput.options import PgOutputOptions, StreamingMode, choose_options
+from pgcdc_dagster.exceptions import ConfigurationError, DecodeError
+
+_ROW = struct.Struct(">hiqiIi")  # field count, len 8, lsn, len 4, xid, len of data
+_ROW_SIZE = _ROW.size
+_LSN = struct.Struct(">q")
+
+_PEEK = sql.SQL(
+    "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes("
+    "{slot}, {upto}::pg_lsn, {nchanges}, {options})) TO STDOUT (FORMAT binary)")
+
+
+class _PeekWriter:
+    """File-like COPY target: splits COPY rows and feeds the assembler in place."""
+
+    __slots__ = ("_fast", "_feed", "_parser", "bytes", "error")
+
+    def __init__(self, feed: Callable[[int, bytes, int, int], None]) -> None:
+        self._feed = feed
+        self._parser = CopyBinaryParser()
+        self._fast = False
+        self.bytes = 0
+        self.error: BaseException | None = None
+
+    def write(self, chunk: bytes) -> None:
+        """Take one CopyData message; after an error, drain the rest without work."""
+        if self.error is not None:
+            return
+        size = len(chunk)
+        self.bytes += size
+        try:
+            if self._fast and size >= _ROW_SIZE:
+                nfields, len_lsn, lsn, len_xid, _xid, len_data = _ROW.unpack_from(chunk, 0)
+                if len_data + _ROW_SIZE == size and nfields == 3 and len_lsn == 8 \
+                        and len_xid == 4:
+                    self._feed(lsn, chunk, _ROW_SIZE, size)
+                    return
+            self._slow(chunk)
+        except Exception as exc:  # re-raised by peek_window once the COPY has ended
+            self.error = exc
+
+    def _slow(self, chunk: bytes) -> None:
+        """Header, trailer, or a row split across writes: go through the generic parser."""
+        for row in self._parser.feed(chunk):
+            if len(row) != 3 or row[0] is None or row[2] is None or len(row[0]) != 8:
+                raise DecodeError(f"peek COPY row has unexpected shape: {row!r:.200}")
+            data = row[2]
+            self._feed(_LSN.unpack(row[0])[0], data, 0, len(data))
+        self._fast = self._parser.at_boundary
+
+    def close(self) -> None:
+        """Check the COPY stream ended with its trailer."""
+        self._parser.close()
+
+
+def build_peek_query(
+    slot: str, upto_lsn: Lsn, options: PgOutputOptions, upto_nchanges: int | None = None,
+) -> sql.Composed:
+    """The COPY statement for one window (values as literals: COPY takes no parameters).
+
+    Raises:
+        ConfigurationError: ``upto_lsn`` is missing.
+    """
+    if upto_lsn is None:
+        raise ConfigurationError("peek_window needs an explicit upto_lsn: an unbounded peek "
+                                 "pins WAL and re-decodes the whole backlog")
+    values = [v for pair in options.as_pairs() for v in pair]
+    return _PEEK.format(
+        slot=sql.Literal(slot),
+        upto=sql.Literal(str(Lsn(upto_lsn))),
+        nchanges=sql.Literal(upto_nchanges),
+        options=sql.SQL(", ").join(sql.Literal(v) for v in values),
+    )
+
+
+def peek_window(
+    conn: Any,
+    slot: str,
+    publication: str | Sequence[str],
+    upto_lsn: Lsn,
+    *,
+    proto_version: int | None = None,
+    messages: bool = True,
+    streaming: bool | StreamingMode = False,
+    two_phase: bool = False,
+    binary: bool = False,
+    skip_below: Lsn | None = None,
+    upto_nchanges: int | None = None,
+    decoding_work_mem: str | None = None,
+    spill_limit_bytes: int = DEFAULT_SPILL_BYTES,
+    spill_dir: str | None = None,
+    prepared: dict[str, PendingTxn] | None = None,
+) -> Window:
+    """Decode the slot's committed changes up to ``upto_lsn`` into a Window, without consuming.
+
+    Args:
+        conn: a psycopg2 connection (autocommit or not; nothing is committed here).
+        slot: logical slot name (pgoutput plugin).
+        publication: publication name(s) to decode.
+        upto_lsn: window bound; required, never NULL.
+        proto_version: pgoutput protocol version; default: the lowest one that supports the
+            requested options on this server (see :mod:`pgcdc_dagster.cdc.pgoutput.options`).
+        messages: decode logical decoding messages.
+        streaming: ``True``/``"on"`` to receive large in-progress transactions as streams
+            (protocol 2+), ``"parallel"`` for protocol 4's variant.
+        two_phase: decode prepared transactions at PREPARE (protocol 3+); marks the slot
+            two-phase for good. Keep ``prepared`` across windows when using it.
+        binary: values in binary send format instead of text.
+        skip_below: drop transactions whose commit LSN is below this (already delivered).
+        upto_nchanges: stop after this many rows (checked by PostgreSQL only between
+            transactions, so whole transactions always come back).
+        decoding_work_mem: ``logical_decoding_work_mem`` for this peek (e.g. ``'64kB'``);
+            PostgreSQL streams (or spills) a transaction beyond it.
+        spill_limit_bytes: client memory budget for buffered streamed/prepared
+            transactions before they go to a temporary file.
+        spill_dir: directory for those temporary files.
+        prepared: prepared transactions carried over from the previous window; updated.
+
+    Returns:
+        The committed changes of the window.
+
+    Raises:
+        ConfigurationError: missing ``upto_lsn`` or options the server cannot serve.
+        DecodeError: the stream could not be decoded.
+    """
+    names = (publication,) if isinstance(publication, str) else tuple(publication)
+    mode: StreamingMode = "on" if streaming is True else "off" if streaming is False else \
+        streaming
+    if proto_version is None:
+        options = choose_options(conn.server_version, names, messages=messages,
+                                 streaming=mode, two_phase=two_phase, binary=binary)
+    else:
+        options = PgOutputOptions(names, proto_version, messages, mode, two_phase, binary)
+    query = build_peek_query(slot, upto_lsn, options, upto_nchanges)
+    assembler = Assembler(skip_below=skip_below, spill_limit_bytes=spill_limit_bytes,
+                          spill_dir=spill_dir, prepared=prepared)
+    writer = _PeekWriter(assembler.feed)
+    gc_was_enabled = gc.isenabled()
+    # A window allocates millions of small tuples; cyclic GC passes over them cost ~25 %.
+    gc.disable()
+    try:
+        with conn.cursor() as cur:
+            if decoding_work_mem is not None:
+                cur.execute("SET logical_decoding_work_mem = %s", (decoding_work_mem,))
+            try:
+                cur.copy_expert(query, writer)
+            finally:
+                if decoding_work_mem is not None:
+                    cur.execute("RESET logical_decoding_work_mem")
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    if writer.error is not None:
+        raise writer.error
+    writer.close()
+    return assembler.finish()
