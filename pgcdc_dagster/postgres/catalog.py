@@ -16,7 +16,7 @@ from pgcdc_dagster.exceptions import TableNotFoundError
 
 _TYPES_SQL = """
 SELECT t.oid, n.nspname, t.typname, t.typtype, t.typcategory, t.typelem, t.typbasetype,
-       t.typtypmod, r.rngsubtype,
+       t.typtypmod, r.rngsubtype, t.typdelim::text,
        ARRAY(SELECT e.enumlabel::text FROM pg_catalog.pg_enum e
              WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder) AS labels
 FROM pg_catalog.pg_type t
@@ -40,7 +40,7 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s
 """
 
-_Row = tuple[int, str, str, str, str, int, int, int, int | None, list[str]]
+_Row = tuple[int, str, str, str, str, int, int, int, int | None, str, list[str]]
 
 
 def _fetch(conn: Any, oids: Iterable[int]) -> dict[int, _Row]:
@@ -62,7 +62,8 @@ def _fetch(conn: Any, oids: Iterable[int]) -> dict[int, _Row]:
 def _build(oid: int, rows: dict[int, _Row], out: MutableMapping[int, PgType]) -> PgType:
     if oid in out:
         return out[oid]
-    (_, schema, name, typtype, category, elem, basetype, typtypmod, subtype, labels) = rows[oid]
+    (_, schema, name, typtype, category, elem, basetype, typtypmod, subtype, delim,
+     labels) = rows[oid]
     pgtype = PgType(
         oid=oid,
         schema=schema,
@@ -74,6 +75,7 @@ def _build(oid: int, rows: dict[int, _Row], out: MutableMapping[int, PgType]) ->
         enum_labels=tuple(labels or ()),
         subtype=_build(subtype, rows, out) if subtype else None,
         base_typmod=int(typtypmod) if typtype == "d" else -1,
+        delimiter=delim or ",",
     )
     out[oid] = pgtype
     return pgtype

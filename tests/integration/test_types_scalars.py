@@ -87,7 +87,8 @@ def test_numeric_precise_decimal(conn):
 def test_numeric_precision_limits(conn, ddl, lits):
     case = make_case(conn, ddl, [*lits, "NULL"])
     scale = int(case.conv.connect_schema()["parameters"]["scale"])
-    decoded = [None if b is None else Decimal(int.from_bytes(b, "big", signed=True)).scaleb(-scale, WIDE)
+    decoded = [None if b is None
+               else Decimal(int.from_bytes(b, "big", signed=True)).scaleb(-scale, WIDE)
                for b in case.bronze()]
     assert decoded == case.py
     silver = case.silver()
@@ -228,7 +229,8 @@ def test_interval(conn, mode):
     lits = ["'1 year 2 months 3 days 04:05:06.78'", "'-1 day -00:00:01.5'", "'0'", "'1 mon'",
             "'-178000000 years'", "'100 hours'", "'1 day -1 second'", "NULL"]
     case = make_case(conn, "interval", lits, TypeModes(interval=mode))
-    parts = case.sql("CASE WHEN c IS NOT NULL THEN ARRAY[extract(year from c), extract(month from c), extract(day from c),"
+    parts = case.sql("CASE WHEN c IS NOT NULL THEN"
+                     " ARRAY[extract(year from c), extract(month from c), extract(day from c),"
                      " extract(hour from c), extract(minute from c), extract(second from c)] END")
     want = []
     for p in parts:

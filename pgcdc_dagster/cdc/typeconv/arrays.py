@@ -107,7 +107,7 @@ class ArrayConverter(BaseConverter):
                  nullable: bool, element: BaseConverter, dimensions: int = 1) -> None:
         self.element = element
         self.depth = max(dimensions, 1)
-        self.delimiter = ";" if element.pgtype.name == "box" else ","
+        self.delimiter = element_delimiter(pgtype)
         schema: ConnectSchema = element.schema.as_optional()
         silver: pa.DataType = element.silver_field.type
         for _ in range(self.depth):
@@ -162,6 +162,16 @@ class ArrayConverter(BaseConverter):
             signed = [b - 256 if b > 127 else b for b in self.modes.placeholder_bytes]
             return pa.scalar(signed, type=self.bronze_field.type)
         return None
+
+
+def element_delimiter(array_type: PgType) -> str:
+    """The array text separator: the element type's ``typdelim`` (through domains)."""
+    element = array_type.element
+    while element is not None:
+        if element.delimiter != "," or element.base is None:
+            return element.delimiter
+        element = element.base
+    return ","
 
 
 def array_converter(column: str, pgtype: PgType, typmod: int, modes: TypeModes,

@@ -40,6 +40,8 @@ class PgType:
         enum_labels: Labels of an enum type, in ``enumsortorder``.
         subtype: Subtype of a range type.
         base_typmod: ``typtypmod`` of a domain (the length/scale the domain declares, TYPE-11).
+        delimiter: ``typdelim``, the separator of this type's elements in array text
+            (``,`` for nearly all types, ``;`` for box, ``:`` for PostGIS geometry).
     """
 
     oid: int
@@ -52,6 +54,7 @@ class PgType:
     enum_labels: tuple[str, ...] = ()
     subtype: PgType | None = None
     base_typmod: int = -1
+    delimiter: str = ","
 
     @property
     def is_array(self) -> bool:
