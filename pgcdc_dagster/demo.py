@@ -12,6 +12,7 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import psycopg2
@@ -142,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             "spark": SparkResource(),
         })
         rng = random.Random(7)
-        print("demo: initial snapshot (while writers keep changing the tables)")
-        apply_workload(dsn, rng, 20)
+        print("demo: initial snapshot (while a writer keeps changing the tables)")
+        writer = threading.Thread(target=apply_workload, args=(dsn, random.Random(8), 300))
+        writer.start()
         result = defs.resolve_job_def("initial_snapshot").execute_in_process()
+        writer.join()
         if not result.success:
             print("demo: initial snapshot failed", file=sys.stderr)
             return 1

@@ -37,7 +37,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing Python dependencies (the first time builds pyspark: ~2 minutes)"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  log=".venv/pip-install.log"
+  if ! { .venv/bin/python -m pip install --upgrade pip \
+         && .venv/bin/python -m pip install -e '.[dev]'; } >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "setup: pip install failed (full log: $log)" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi

@@ -125,3 +125,20 @@ def test_lazy_definitions_report_an_unreachable_source(monkeypatch) -> None:
     monkeypatch.delenv("PGCDC_PG_DSN")
     with pytest.raises(ConfigurationError, match="PGCDC_PG_DSN is not set"):
         defs()
+
+
+def test_reload_picks_up_new_tables(pg_dsn, pg_conn, monkeypatch) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE first_table (id int PRIMARY KEY)")
+    monkeypatch.setenv("PGCDC_PG_DSN", pg_dsn)
+    monkeypatch.setenv("PGCDC_TABLES", "public\\..*")
+
+    def silver_keys() -> set[str]:
+        loaded = defs()
+        return {"/".join(k.path) for k in loaded.resolve_all_asset_keys()
+                if k.path[0] == "silver"}
+
+    assert silver_keys() == {"silver/public/first_table"}
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE second_table (id int PRIMARY KEY)")
+    assert silver_keys() == {"silver/public/first_table", "silver/public/second_table"}
