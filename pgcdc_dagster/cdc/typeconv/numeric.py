@@ -141,8 +141,9 @@ def variable_scale(text: pa.StringArray) -> pa.StructArray:
     the scale is the count of remaining fraction digits, the value the digits without the
     point. Values of more than 38 digits take the per-value path.
     """
-    stripped = pc.replace_substring_regex(text, r"^(-?\d+)\.?(\d*?)0*$", r"\1.\2")
-    stripped = pc.replace_substring_regex(stripped, r"\.$", "")
+    has_point = pc.match_substring(text, ".")
+    trimmed = pc.ascii_rtrim(pc.ascii_rtrim(text, characters="0"), characters=".")
+    stripped = pc.if_else(has_point, trimmed, text)
     dot = pc.find_substring(stripped, ".")
     length = pc.utf8_length(stripped)
     scale = pc.if_else(pc.less(dot, 0), 0, pc.subtract(pc.subtract(length, dot), 1))
