@@ -101,7 +101,7 @@ class CopyBinaryParser:
                 if length < 0:
                     raise DecodeError(
                         f"COPY binary: field length {length} at stream offset "
-                        f"{self.offset + p - 4}")
+                        f"{self.offset + p - 4 - pos}")
                 if p + length > size:
                     p += length
                     break

@@ -166,13 +166,14 @@ def peek_window(
     gc.disable()
     try:
         with conn.cursor() as cur:
-            if decoding_work_mem is not None:
-                cur.execute("SET logical_decoding_work_mem = %s", (decoding_work_mem,))
-            try:
+            if decoding_work_mem is None:
                 cur.copy_expert(query, writer)
-            finally:
-                if decoding_work_mem is not None:
-                    cur.execute("RESET logical_decoding_work_mem")
+            else:
+                cur.execute("SET logical_decoding_work_mem = %s", (decoding_work_mem,))
+                cur.copy_expert(query, writer)
+                # Not in a finally: after a failure the transaction may be aborted, and the
+                # RESET error would hide the real one (the SET dies with that transaction).
+                cur.execute("RESET logical_decoding_work_mem")
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -134,7 +134,7 @@ class Assembler:
             assert pending is not None
             if code in _CHANGES or code in _BUFFERED:
                 if code in _DECODE_NOW:
-                    message = decode(buf, in_stream=state == _STREAM, pos=pos, end=end)
+                    message = _decode(buf, state == _STREAM, pos, end, lsn)
                     if isinstance(message, m.Message) and not message.transactional:
                         self._message(lsn, message)
                         return
@@ -142,7 +142,7 @@ class Assembler:
                         self._writer.relation(message.relation)  # pgoutput: schema sent now
                 pending.buffer.append(lsn, bytes(buf[pos:end]))
                 return
-        message = decode(buf, in_stream=state == _STREAM, pos=pos, end=end)
+        message = _decode(buf, state == _STREAM, pos, end, lsn)
         handler = _HANDLERS.get(type(message))
         if handler is None:
             raise _error(code, f"unexpected {_STATE_NAMES[state]}", 0, lsn)
@@ -291,7 +291,7 @@ class Assembler:
         except (IndexError, struct.error) as exc:
             raise _error(code, f"truncated message of {len(data)} bytes ({exc})", len(data),
                          lsn) from None
-        message = decode(data, in_stream=pending.streamed)
+        message = _decode(data, pending.streamed, 0, len(data), lsn)
         if isinstance(message, m.Truncate):
             self._writer.truncate(lsn, message.relation_oids, message.options)
         elif isinstance(message, m.Message):  # only transactional ones are buffered
@@ -325,6 +325,13 @@ class Assembler:
             self.discarded_streams.append(xid)
         self._streams.clear()
         return self._writer.window
+
+
+def _decode(buf: bytes, in_stream: bool, pos: int, end: int, lsn: int) -> m.PgOutputMessage:
+    try:
+        return decode(buf, in_stream=in_stream, pos=pos, end=end)
+    except DecodeError as exc:
+        raise DecodeError(f"{exc} (slot row at LSN {Lsn(lsn)})") from None
 
 
 def _code_of(msg: m.PgOutputMessage) -> int:

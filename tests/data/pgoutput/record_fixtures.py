@@ -12,6 +12,7 @@ bytes; nothing in them is hand-made.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import tempfile
 import uuid
@@ -187,6 +188,53 @@ SCENARIOS: dict[str, dict[str, object]] = {
             "ROLLBACK PREPARED 'gid_rollback'",
         ],
     },
+    "schema_change": {
+        "options": BASE,
+        "copy": True,
+        "setup": [
+            "CREATE TABLE t_sc (id int PRIMARY KEY, a text)",
+            "CREATE PUBLICATION pub FOR ALL TABLES",
+        ],
+        "sql": [
+            "INSERT INTO t_sc VALUES (1, 'before')",
+            "ALTER TABLE t_sc ADD COLUMN b int",
+            "INSERT INTO t_sc VALUES (2, 'after', 2)",
+            "BEGIN; INSERT INTO t_sc VALUES (3, 'same txn', 3); ALTER TABLE t_sc DROP COLUMN a; "
+            "INSERT INTO t_sc VALUES (4, 4); COMMIT",
+        ],
+    },
+    "multi_table": {
+        "options": BASE,
+        "copy": True,
+        "setup": [
+            "CREATE TABLE t_x (id int PRIMARY KEY)",
+            "CREATE TABLE t_y (id int PRIMARY KEY)",
+            "CREATE PUBLICATION pub FOR ALL TABLES",
+        ],
+        "sql": [
+            "BEGIN; INSERT INTO t_x VALUES (1); INSERT INTO t_y VALUES (1); "
+            "INSERT INTO t_x VALUES (2); SELECT pg_logical_emit_message(true, 'm', 'x'); "
+            "DELETE FROM t_y WHERE id = 1; COMMIT",
+            "INSERT INTO t_y VALUES (2)",
+        ],
+    },
+    "column_list": {
+        "options": BASE,
+        "setup": [
+            "CREATE TABLE t_cl (id int PRIMARY KEY, shown text, hidden text)",
+            "CREATE PUBLICATION pub FOR TABLE t_cl (id, shown)",
+        ],
+        "sql": ["INSERT INTO t_cl VALUES (1, 'yes', 'no')", "UPDATE t_cl SET shown = 'y2'"],
+    },
+    "quoted_names": {
+        "options": {**BASE, "publication_names": '"Pub Lic"'},
+        "setup": [
+            'CREATE SCHEMA "My Schema"',
+            'CREATE TABLE "My Schema"."Odd ""Name""" ("Col A" int PRIMARY KEY, "é" text)',
+            'CREATE PUBLICATION "Pub Lic" FOR ALL TABLES',
+        ],
+        "sql": ['INSERT INTO "My Schema"."Odd ""Name""" VALUES (1, \'ünï\')'],
+    },
     "stream_prepare": {
         "options": {**BASE, "proto_version": "3", "two_phase": "true", "streaming": "on"},
         "slot_two_phase": True,
@@ -244,6 +292,14 @@ def record(dsn: str, name: str, spec: dict[str, object]) -> dict[str, object]:
         f"pg_logical_slot_peek_binary_changes('fx', %s, NULL, {placeholders})",
         [upto, *args])
     rows = [{"lsn": lsn, "xid": int(xid), "hex": data} for lsn, xid, data in cur.fetchall()]
+    copy_hex = None
+    if spec.get("copy"):
+        sink = io.BytesIO()
+        cur.copy_expert(cur.mogrify(
+            "COPY (SELECT lsn, xid, data FROM "
+            f"pg_logical_slot_peek_binary_changes('fx', %s, NULL, {placeholders})) "
+            "TO STDOUT (FORMAT binary)", [upto, *args]).decode(), sink)
+        copy_hex = sink.getvalue().hex()
     cur.execute("SELECT pg_drop_replication_slot('fx')")
     for statement in spec.get("teardown", []):  # type: ignore[attr-defined]
         cur.execute(statement)
@@ -251,7 +307,25 @@ def record(dsn: str, name: str, spec: dict[str, object]) -> dict[str, object]:
     conn.close()
     return {"scenario": name, "server_version_num": version, "options": options,
             "work_mem": spec.get("work_mem"), "setup": spec["setup"], "sql": spec["sql"],
-            "rows": rows}
+            "rows": rows, "copy_hex": copy_hex}
+
+
+COPY_QUERY = (
+    "SELECT * FROM (VALUES (1, 'one'::text, NULL::bytea), (2, '', '\\x00ff'::bytea), "
+    "(NULL, repeat('z', 100000), ''::bytea)) v(i, t, b)")
+
+
+def record_copy(dsn: str) -> dict[str, object]:
+    """A COPY BINARY stream with NULLs, empty and large values, and each field's send bytes."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    cur = conn.cursor()
+    sink = io.BytesIO()
+    cur.copy_expert(f"COPY ({COPY_QUERY}) TO STDOUT (FORMAT binary)", sink)
+    cur.execute(f"SELECT int4send(i), textsend(t), byteasend(b) FROM ({COPY_QUERY}) q")
+    expected = [[None if v is None else bytes(v).hex() for v in row] for row in cur.fetchall()]
+    conn.close()
+    return {"query": COPY_QUERY, "hex": sink.getvalue().hex(), "expected": expected}
 
 
 def main() -> None:
@@ -265,7 +339,10 @@ def main() -> None:
         cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="pgcdc-fixtures-")) / "pg").start()
         dsn = cluster.dsn
     try:
-        for name in args.scenarios or SCENARIOS:
+        if not args.scenarios or "copy_binary" in args.scenarios:
+            (HERE / "copy_binary.json").write_text(json.dumps(record_copy(dsn), indent=1) + "\n")
+            print("copy_binary.json")
+        for name in [n for n in args.scenarios or SCENARIOS if n != "copy_binary"]:
             with _database(dsn) as db_dsn:
                 doc = record(db_dsn, name, SCENARIOS[name])
             path = HERE / f"{name}.json"

@@ -1,0 +1,1 @@
+"""pgoutput payloads recorded from a real PostgreSQL server (see record_fixtures.py)."""

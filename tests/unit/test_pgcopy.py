@@ -1,0 +1,154 @@
+"""COPY BINARY parsing on streams recorded from PostgreSQL 15, fed in chunks of any size."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+
+from pgcdc_dagster.cdc.pgcopy import CopyBinaryParser, CopyBinarySink, parse_copy_binary
+from pgcdc_dagster.cdc.pgoutput.assembler import Assembler, assemble
+from pgcdc_dagster.exceptions import DecodeError
+from pgcdc_dagster.postgres.peek import _PeekWriter
+from tests.data.pgoutput.fixtures import copy_binary, load
+
+pytestmark = pytest.mark.unit
+
+
+def _recorded() -> tuple[bytes, list[tuple[bytes | None, ...]]]:
+    doc = copy_binary()
+    expected = [tuple(None if v is None else bytes.fromhex(v) for v in row)
+                for row in doc["expected"]]  # type: ignore[union-attr]
+    return bytes.fromhex(doc["hex"]), expected  # type: ignore[arg-type]
+
+
+def _feed(stream: bytes, sizes: list[int]) -> list[tuple[bytes | None, ...]]:
+    parser = CopyBinaryParser()
+    rows, pos = [], 0
+    for size in sizes:
+        rows += parser.feed(stream[pos:pos + size])
+        pos += size
+    rows += parser.feed(stream[pos:])
+    parser.close()
+    assert parser.finished and parser.tuples == len(rows)
+    return rows
+
+
+def test_whole_stream_matches_the_send_functions() -> None:
+    stream, expected = _recorded()
+    assert parse_copy_binary(stream) == expected
+    assert expected[2][0] is None and expected[1][1] == b"" and len(expected[2][1]) == 100_000
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 19, 21, 64, 4096])
+def test_fixed_chunk_sizes(size: int) -> None:
+    stream, expected = _recorded()
+    assert _feed(stream, [size] * (len(stream) // size)) == expected
+
+
+def test_random_chunking() -> None:
+    stream, expected = _recorded()
+    rng = random.Random(7)
+    for _ in range(50):
+        sizes = [rng.randint(0, 300) for _ in range(len(stream) // 100)]
+        assert _feed(stream, sizes) == expected
+
+
+def test_header_extension_is_skipped() -> None:
+    stream, expected = _recorded()
+    extended = stream[:15] + struct.pack(">i", 3) + b"abc" + stream[19:]
+    assert _feed(extended, [1] * 30) == expected
+
+
+def test_sink_calls_back_per_tuple() -> None:
+    stream, expected = _recorded()
+    seen: list[tuple[bytes | None, ...]] = []
+    sink = CopyBinarySink(seen.append)
+    for i in range(0, len(stream), 1000):
+        assert sink.write(stream[i:i + 1000]) == len(stream[i:i + 1000])
+    assert seen == expected and sink.bytes == len(stream)
+    sink.parser.close()
+
+
+@pytest.mark.parametrize(("mutate", "pattern"), [
+    (lambda s: b"PGCOPX" + s[6:], r"bad signature .* at stream offset 0"),
+    (lambda s: s[:11] + struct.pack(">i", 1 << 16) + s[15:], r"OIDs flag"),
+    (lambda s: s[:15] + struct.pack(">i", -1) + s[19:], r"header extension length -1"),
+    (lambda s: s[:19] + struct.pack(">h", -2) + s[21:], r"field count -2 at stream offset 19"),
+    (lambda s: s[:21] + struct.pack(">i", -5) + s[25:], r"field length -5 at stream offset 21"),
+    (lambda s: s + b"x", r"1 bytes after the trailer"),
+])
+def test_malformed_streams(mutate, pattern: str) -> None:
+    stream, _ = _recorded()
+    with pytest.raises(DecodeError, match=pattern):
+        parse_copy_binary(mutate(stream))
+
+
+@pytest.mark.parametrize("cut", [5, 19, 24, -1, -3])
+def test_incomplete_stream_is_reported_at_close(cut: int) -> None:
+    stream, _ = _recorded()
+    parser = CopyBinaryParser()
+    parser.feed(stream[:cut])
+    assert not parser.finished
+    with pytest.raises(DecodeError, match="stream ended early"):
+        parser.close()
+
+
+def test_data_after_the_trailer_in_a_later_chunk() -> None:
+    stream, _ = _recorded()
+    parser = CopyBinaryParser()
+    parser.feed(stream)
+    assert parser.feed(b"") == []
+    with pytest.raises(DecodeError, match="after the trailer"):
+        parser.feed(b"\x00")
+
+
+def _copy_rows(stream: bytes) -> list[bytes]:
+    """Split a COPY stream the way libpq delivers it: one CopyData message per row."""
+    chunks, pos, first = [], 19, True
+    while True:
+        (nfields,) = struct.unpack_from(">h", stream, pos)
+        if nfields == -1:
+            chunks.append(stream[pos:])
+            return chunks
+        end = pos + 2
+        for _ in range(nfields):
+            (length,) = struct.unpack_from(">i", stream, end)
+            end += 4 + max(length, 0)
+        chunks.append(stream[0 if first else pos:end])
+        first, pos = False, end
+
+
+@pytest.mark.parametrize("name", ["multi_table", "schema_change"])
+def test_peek_writer_feeds_the_assembler_per_row_and_in_odd_chunks(name: str) -> None:
+    recorded = load(name)
+    assert recorded.copy is not None
+    expected = assemble(recorded.items())
+    per_row = _copy_rows(recorded.copy)
+    rng = random.Random(3)
+    cuts = sorted(rng.sample(range(1, len(recorded.copy)), 40))
+    odd = [recorded.copy[a:b] for a, b in zip([0, *cuts], [*cuts, len(recorded.copy)],
+                                              strict=True)]
+    for chunks in (per_row, odd, [recorded.copy]):
+        assembler = Assembler()
+        writer = _PeekWriter(assembler.feed)
+        for chunk in chunks:
+            writer.write(chunk)
+        assert writer.error is None
+        writer.close()
+        assert writer.bytes == len(recorded.copy)
+        assert assembler.finish() == expected
+
+
+def test_peek_writer_keeps_the_first_error_and_drains() -> None:
+    recorded = load("multi_table")
+    assert recorded.copy is not None
+    rows = _copy_rows(recorded.copy)
+    assembler = Assembler()
+    writer = _PeekWriter(assembler.feed)
+    writer.write(rows[0])
+    writer.write(rows[1][:26] + b"Z" + rows[1][27:])  # unknown message type
+    writer.write(rows[2])
+    assert isinstance(writer.error, DecodeError)
+    assert "unknown pgoutput message type 'Z'" in str(writer.error)
