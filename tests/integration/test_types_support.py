@@ -73,7 +73,12 @@ class Case:
         return self.conv.to_bronze(self.text_array).to_pylist()
 
     def silver(self) -> list[Any]:
-        return self.conv.to_silver(self.text_array).to_pylist()
+        """Silver values; also checks they equal the values decoded from bronze."""
+        direct = self.conv.to_silver(self.text_array)
+        if self.conv.bronze_field.nullable:
+            decoded = self.conv.from_bronze(self.conv.to_bronze(self.text_array))
+            assert direct.equals(decoded), "snapshot silver and stream silver disagree"
+        return direct.to_pylist()
 
     def sql(self, expr: str) -> list[Any]:
         """``expr`` (over column ``c``) evaluated per row, in row order."""

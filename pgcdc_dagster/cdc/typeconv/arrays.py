@@ -147,9 +147,8 @@ class ArrayConverter(BaseConverter):
         rows, flat = self._split(text)
         return self._assemble(rows, self.element.to_bronze(flat), self.bronze_field.type)
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        rows, flat = self._split(text)
-        return self._assemble(rows, self.element.to_silver(flat), self.silver_field.type)
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        return _map_lists(values, self.element.from_bronze, self.silver_field.type)
 
     def bronze_placeholder(self) -> pa.Scalar | None:
         """Debezium's array placeholders (see the module docstring); None for other arrays."""
@@ -162,6 +161,17 @@ class ArrayConverter(BaseConverter):
             signed = [b - 256 if b > 127 else b for b in self.modes.placeholder_bytes]
             return pa.scalar(signed, type=self.bronze_field.type)
         return None
+
+
+def _map_lists(values: pa.Array, fn: Callable[[pa.Array], pa.Array],
+               type_: pa.DataType) -> pa.Array:
+    """Apply ``fn`` to the leaf values of (nested) lists, keeping offsets and nulls."""
+    child_type = type_.value_type
+    if pa.types.is_list(values.type.value_type):
+        child = _map_lists(values.values, fn, child_type)
+    else:
+        child = fn(values.values)
+    return pa.ListArray.from_arrays(values.offsets, child, mask=values.is_null()).cast(type_)
 
 
 def element_delimiter(array_type: PgType) -> str:

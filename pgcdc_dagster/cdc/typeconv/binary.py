@@ -8,7 +8,9 @@
   ``io.debezium.data.Bits`` with parameter ``length`` = n (2147483647 when unbounded); bits in
   little-endian order (the last character of the text is bit 0). BIT(n) values are padded to
   ``n/8 + (n%8 ? 1 : 0)`` bytes (seed 002); BIT VARYING values are sized by content
-  (up to the highest set bit). Silver: the ``0``/``1`` text (boolean for one bit).
+  (up to the highest set bit). Silver: the ``0``/``1`` text (boolean for one bit), decoded
+  from bronze: BIT(n) exactly; BIT VARYING without its leading zeros (Debezium does not keep
+  the value's length).
 - Unknown types with ``include.unknown.datatypes=true`` (TYPE-12): the UTF-8 octets of the text
   form, encoded per ``binary.handling.mode``. Silver: the text.
 """
@@ -60,6 +62,15 @@ def encode_binary(data: bytes, mode: str) -> bytes | str:
     return data.hex()
 
 
+def decode_binary(text: str, mode: str) -> bytes:
+    """Inverse of :func:`encode_binary` for the string modes."""
+    if mode == "base64":
+        return base64.b64decode(text)
+    if mode == "base64-url-safe":
+        return base64.urlsafe_b64decode(text)
+    return bytes.fromhex(text)
+
+
 def binary_schema(mode: str) -> ConnectSchema:
     """BYTES for ``bytes`` mode, STRING otherwise (``BinaryHandlingMode.getSchema``)."""
     return primitive("bytes") if mode == "bytes" else primitive("string")
@@ -85,6 +96,12 @@ class ByteaConverter(BaseConverter):
 
     def _silver(self, text: pa.StringArray) -> pa.Array:
         return self._octets(text)
+
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        if self.mode == "bytes":
+            return values
+        return pa.array([None if v is None else decode_binary(v, self.mode)
+                         for v in values.to_pylist()], type=pa.binary())
 
     def bronze_placeholder(self) -> pa.Scalar | None:
         """Placeholder octets in ``bytes`` mode, the placeholder string otherwise."""
@@ -128,8 +145,17 @@ class BitsConverter(BaseConverter):
             return pc.equal(text, "1")
         return map_values(text, lambda v: bits_to_bytes(v, self.size), pa.binary())
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        return pc.equal(text, "1") if self.single else text
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        if self.single:
+            return values
+        return pa.array([None if v is None else self._bit_string(v) for v in values.to_pylist()],
+                        type=pa.string())
+
+    def _bit_string(self, data: bytes) -> str:
+        value = int.from_bytes(data, "little")
+        if self.size is not None:
+            return format(value, f"0{self.length}b")
+        return format(value, "b") if value else ""
 
 
 class OpaqueConverter(BaseConverter):
@@ -147,8 +173,11 @@ class OpaqueConverter(BaseConverter):
         return map_values(text, lambda v: encode_binary(v.encode("utf-8"), self.mode),
                           pa.string())
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        return text
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        if self.mode == "bytes":
+            return pc.cast(values, pa.string())
+        return pa.array([None if v is None else decode_binary(v, self.mode).decode("utf-8")
+                         for v in values.to_pylist()], type=pa.string())
 
     def bronze_placeholder(self) -> pa.Scalar | None:
         """Placeholder octets in ``bytes`` mode, the placeholder string otherwise."""

@@ -123,3 +123,22 @@ def iso_time(micros_of_day: int) -> str:
     secs, frac = divmod(micros_of_day, 1_000_000)
     return (f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}"
             f"{java_fraction(frac, None)}")
+
+
+_ISO = re.compile(r"^([+-]?\d{4,})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z$")
+
+
+def parse_iso_utc_micros(text: str) -> int:
+    """A ZonedTimestamp string (``[+-]YYYY-MM-DDTHH:MM:SS[.f]Z`` or ``[-]infinity``) ->
+    epoch microseconds, with Debezium's infinity values."""
+    if text == "infinity":
+        return POSITIVE_INFINITY_MICROS
+    if text == "-infinity":
+        return NEGATIVE_INFINITY_MICROS
+    m = _ISO.match(text)
+    if m is None:
+        raise ValueError(f"not a ZonedTimestamp: {text!r}")
+    days = days_from_civil(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    secs = int(m.group(4)) * 3600 + int(m.group(5)) * 60 + int(m.group(6))
+    frac = int((m.group(7) or "")[:6].ljust(6, "0"))
+    return days * MICROS_PER_DAY + secs * 1_000_000 + frac

@@ -119,3 +119,53 @@ def java_bigdecimal_string(value: Decimal) -> str:
     mantissa = coeff[0] + ("." + coeff[1:] if len(coeff) > 1 else "")
     exp = f"+{adjusted}" if adjusted > 0 else str(adjusted)
     return f"{prefix}{mantissa}E{exp}"
+
+
+def bytes_to_decimal(values: pa.Array, type_: pa.DataType) -> pa.Array:
+    """Kafka Connect Decimal bytes -> Arrow decimal128/decimal256 of ``type_``, vectorised.
+
+    The inverse of :func:`decimal_array_to_bytes`: each big-endian two's-complement value is
+    sign-extended to the decimal's width and flipped to little-endian.
+    """
+    width = 16 if pa.types.is_decimal128(type_) else 32
+    n = len(values)
+    offset_buf = values.buffers()[1]
+    offsets = np.frombuffer(offset_buf, dtype=np.int32)[values.offset:values.offset + n + 1] \
+        .astype(np.int64) if n else np.zeros(1, np.int64)
+    lengths = np.diff(offsets)
+    valid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    lengths = np.where(valid, lengths, 0)
+    if lengths.max(initial=0) > width:
+        raise ValueError(f"a Decimal value is longer than {width} bytes")
+    raw = values.buffers()[2]
+    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None else np.zeros(0, np.uint8)
+    starts = offsets[:-1]
+    first = np.where(lengths > 0, data[np.minimum(starts, max(len(data) - 1, 0))]
+                     if len(data) else 0, 0)
+    fill = np.where((lengths > 0) & (first >= 0x80), 0xFF, 0x00).astype(np.uint8)
+    matrix = np.repeat(fill[:, None], width, axis=1)
+    rows = np.repeat(np.arange(n), lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    cols = width - np.repeat(lengths, lengths) + within
+    matrix[rows, cols] = data[np.repeat(starts, lengths) + within]
+    little = np.ascontiguousarray(matrix[:, ::-1])
+    validity = pa.array(valid, type=pa.bool_()).buffers()[1] if values.null_count else None
+    return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(little.tobytes())],
+                                 null_count=values.null_count)
+
+
+def plain_decimal(value: Decimal) -> str:
+    """A decimal in plain notation with trailing fractional zeros stripped (``12.34``,
+    ``100``, ``0``): the silver text of an unconstrained NUMERIC."""
+    if not value.is_finite():
+        return "NaN" if value.is_nan() else ("Infinity" if value > 0 else "-Infinity")
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    text = "".join(str(d) for d in digits)
+    if exponent >= 0:
+        body = (text + "0" * exponent).lstrip("0") or "0"
+    else:
+        padded = text.rjust(-exponent + 1, "0")
+        whole, frac = padded[:exponent], padded[exponent:].rstrip("0")
+        body = (whole.lstrip("0") or "0") + ("." + frac if frac else "")
+    return ("-" if sign and body != "0" else "") + body

@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgcdc_dagster.cdc.typeconv.base import BaseConverter, map_values
 from pgcdc_dagster.cdc.typeconv.model import PgType, TypeModes
@@ -78,9 +79,11 @@ class PointConverter(BaseConverter):
             return {"x": x, "y": y, "wkb": wkb_point(x, y), "srid": None}
         return map_values(text, value, self.bronze_field.type)
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        return map_values(text, lambda v: dict(zip("xy", parse_point(v), strict=True)),
-                          POINT_SILVER)
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        return pa.StructArray.from_arrays(
+            [pc.fill_null(pc.struct_field(values, "x"), 0.0),
+             pc.fill_null(pc.struct_field(values, "y"), 0.0)],
+            fields=list(POINT_SILVER), mask=pc.is_null(values))
 
     def _fallback_value(self) -> object:
         return {"x": 0.0, "y": 0.0, "wkb": wkb_point(0.0, 0.0), "srid": None}
@@ -102,8 +105,8 @@ class PostgisConverter(BaseConverter):
     def _bronze(self, text: pa.StringArray) -> pa.Array:
         return map_values(text, self._value, self.bronze_field.type)
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        return map_values(text, self._value, GEO_SILVER)
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        return values.cast(GEO_SILVER)
 
     def bronze_placeholder(self) -> pa.Scalar | None:
         """Debezium has no geometry placeholder value; the envelope flags the column."""

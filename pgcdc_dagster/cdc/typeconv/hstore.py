@@ -7,7 +7,7 @@
 - ``map``: MAP<STRING, optional STRING>.
 - Unchanged TOAST: a one-entry map ``{placeholder: placeholder}`` (as JSON in ``json`` mode).
 
-Silver: ``map<string, string>`` in PostgreSQL's own (sorted) key order.
+Silver: ``map<string, string>``, keys sorted (code point order).
 """
 
 from __future__ import annotations
@@ -118,7 +118,14 @@ class HstoreConverter(BaseConverter):
         return map_values(text, parse_hstore, self.bronze_field.type)
 
     def _silver(self, text: pa.StringArray) -> pa.Array:
-        return map_values(text, parse_hstore, SILVER_TYPE)
+        return map_values(text, lambda v: sorted(parse_hstore(v)), SILVER_TYPE)
+
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        if self.as_json:
+            return pa.array([None if v is None else sorted(json.loads(v).items())
+                             for v in values.to_pylist()], type=SILVER_TYPE)
+        return pa.array([None if v is None else sorted(v) for v in values.to_pylist()],
+                        type=SILVER_TYPE)
 
     def _fallback_value(self) -> object:
         return "{}" if self.as_json else []

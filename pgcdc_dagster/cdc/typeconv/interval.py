@@ -12,14 +12,16 @@ Bronze, as Debezium computes it from PgJDBC's ``PGInterval``:
   (seed example: ``P1Y2M3DT4H5M6.78S``). A negative time part makes hours, minutes and
   seconds negative.
 
-Silver: exact, as PostgreSQL stores it: ``struct<months int32, days int32, microseconds
-int64>`` (Delta has no interval type; the struct is lossless, unlike the approximation).
+Silver: ``struct<months int32, days int32, microseconds int64>`` (Delta has no interval
+type), decoded from bronze: exact, as PostgreSQL stores it, in ``string`` mode; in ``numeric``
+mode only Debezium's approximate microseconds exist, so months and days are 0 there.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import ROUND_DOWN, Decimal
 
 import pyarrow as pa
 
@@ -114,10 +116,27 @@ class IntervalConverter(BaseConverter):
             return map_values(text, lambda v: parse_interval(v).iso_string(), pa.string())
         return map_values(text, lambda v: parse_interval(v).duration_micros(), pa.int64())
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        items = values.to_pylist()
         zero = {"months": 0, "days": 0, "microseconds": 0}
-        rows = [zero if v is None else parse_interval(v).exact() for v in text.to_pylist()]
-        mask = pa.array([v is None for v in text.to_pylist()], type=pa.bool_())
-        values = pa.array(rows, type=SILVER_TYPE)
-        return pa.StructArray.from_arrays(values.flatten(), fields=list(SILVER_TYPE),
-                                          mask=mask)
+        if self.as_string:
+            rows = [zero if v is None else parse_iso_interval(v) for v in items]
+        else:
+            rows = [{"months": 0, "days": 0, "microseconds": v or 0} for v in items]
+        mask = pa.array([v is None for v in items], type=pa.bool_())
+        flat = pa.array(rows, type=SILVER_TYPE)
+        return pa.StructArray.from_arrays(flat.flatten(), fields=list(SILVER_TYPE), mask=mask)
+
+
+_ISO = re.compile(r"^P(-?\d+)Y(-?\d+)M(-?\d+)DT(-?\d+)H(-?\d+)M(-?[\d.]+)S$")
+
+
+def parse_iso_interval(text: str) -> dict[str, int]:
+    """An ``io.debezium.time.Interval`` string -> months, days, microseconds (exact)."""
+    m = _ISO.match(text)
+    if m is None:
+        raise ValueError(f"not a Debezium Interval: {text!r}")
+    years, months, days, hours, minutes = (int(m.group(i)) for i in range(1, 6))
+    micros = int(Decimal(m.group(6)).scaleb(6).to_integral_value(rounding=ROUND_DOWN))
+    return {"months": years * 12 + months, "days": days,
+            "microseconds": (hours * 3600 + minutes * 60) * 1_000_000 + micros}

@@ -14,24 +14,32 @@ Bronze (Debezium):
   ``double`` -> FLOAT64; ``string`` -> Java ``Double.toString`` of the amount (Debezium reads
   money as a double).
 
-Silver: NUMERIC(p,s) with p <= 38 -> ``decimal128(p, s)``; unconstrained NUMERIC or p > 38 ->
-``string`` holding PostgreSQL's exact text (Delta decimals stop at 38 digits). NaN and
-infinities cannot be held by a decimal and become NULL there (they stay in the string form).
+Silver (decoded from the bronze value, so ``double`` mode is as lossy there as in bronze):
+NUMERIC(p,s) with p <= 38 -> ``decimal128(p, s)``; NUMERIC(p,s) with p > 38 -> ``string`` with
+exactly s fraction digits (PostgreSQL's text); unconstrained NUMERIC -> ``string`` in plain
+notation with trailing fractional zeros stripped (``12.3400`` -> ``12.34``; the numeric value
+is exact, Delta decimals stop at 38 digits). NaN and infinities (string/double modes) become
+NULL in a decimal column and ``NaN`` / ``Infinity`` / ``-Infinity`` in a string one.
 MONEY -> ``decimal128(19, fraction digits)``.
 """
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP, Decimal
+import math
+from decimal import ROUND_HALF_UP, Context, Decimal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc_dagster.cdc.typeconv.base import BaseConverter, map_values, patch
 from pgcdc_dagster.cdc.typeconv.decimal_codec import (
+    bytes_to_decimal,
+    bytes_to_unscaled,
     decimal_array_to_bytes,
     java_bigdecimal_string,
     parse_unscaled,
+    plain_decimal,
     text_to_decimal_bytes,
     unscaled_bytes,
 )
@@ -44,6 +52,8 @@ DECIMAL_NAME = "org.apache.kafka.connect.data.Decimal"
 VARIABLE_SCALE_NAME = "io.debezium.data.VariableScaleDecimal"
 SPECIAL_STRINGS = {"NaN": "NAN", "Infinity": "POSITIVE_INFINITY",
                    "-Infinity": "NEGATIVE_INFINITY"}
+SPECIAL_VALUES = {v: k for k, v in SPECIAL_STRINGS.items()}
+WIDE = Context(prec=200_000)
 VARIABLE_SCALE_SCHEMA = ConnectSchema(
     "struct", True, VARIABLE_SCALE_NAME, 1, "Variable scaled decimal",
     fields=(("scale", ConnectSchema("int32", False)), ("value", ConnectSchema("bytes", False))),
@@ -127,11 +137,33 @@ class NumericConverter(BaseConverter):
         return patch(text, text, odd, lambda v: SPECIAL_STRINGS.get(v) or
                      java_bigdecimal_string(Decimal(v)))
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        if not pa.types.is_decimal(self.silver_field.type):
-            return text
-        clean = pc.if_else(self._specials(text), pa.scalar(None, pa.string()), text)
-        return pc.cast(clean, self.silver_field.type)
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        target = self.silver_field.type
+        if self.mode == "precise" and self.ps is not None and self.ps[1] >= 0 \
+                and pa.types.is_decimal(target):
+            return bytes_to_decimal(values, target)
+        return pa.array([None if v is None else self._silver_value(self._decode(v))
+                         for v in values.to_pylist()], type=target)
+
+    def _decode(self, value: Any) -> Decimal:
+        """One bronze value -> the decimal it encodes (NaN / infinities included)."""
+        if self.mode == "double":
+            return Decimal(repr(value)) if math.isfinite(value) else Decimal(str(value))
+        if self.mode == "string":
+            return Decimal(SPECIAL_VALUES.get(value, value))
+        if isinstance(value, dict):
+            return Decimal(bytes_to_unscaled(value["value"])).scaleb(-value["scale"], WIDE)
+        assert self.ps is not None
+        return Decimal(bytes_to_unscaled(value)).scaleb(-self.ps[1], WIDE)
+
+    def _silver_value(self, value: Decimal) -> Decimal | str | None:
+        if pa.types.is_decimal(self.silver_field.type):
+            if not value.is_finite():
+                return None
+            return value.quantize(Decimal(1).scaleb(-self.silver_field.type.scale), context=WIDE)
+        if self.ps is not None and value.is_finite():
+            return format(value.quantize(Decimal(1).scaleb(-self.ps[1]), context=WIDE), "f")
+        return plain_decimal(value)
 
 
 def variable_scale(text: pa.StringArray) -> pa.StructArray:
@@ -202,6 +234,9 @@ class MoneyConverter(BaseConverter):
         return map_values(clean, lambda v: unscaled_bytes(
             parse_unscaled(str(self._amount(v)), self.digits)), pa.binary())
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        clean = self._clean(text)
-        return map_values(clean, self._amount, self.silver_field.type)
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        if self.mode == "precise":
+            return bytes_to_decimal(values, self.silver_field.type)
+        return pa.array([None if v is None else self._amount(repr(v) if self.mode == "double"
+                                                             else v)
+                         for v in values.to_pylist()], type=self.silver_field.type)

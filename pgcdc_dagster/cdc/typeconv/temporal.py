@@ -21,7 +21,9 @@ none); infinities stay ``infinity`` / ``-infinity``. TIMETZ -> STRING io.debeziu
 shifted to UTC, ``HH:MM:SS[.f]Z`` with minimal fraction digits.
 
 Silver: DATE -> date32; TIME -> time64('us'); TIMESTAMP -> timestamp('us') (no zone);
-TIMESTAMPTZ -> timestamp('us', tz='UTC'); TIMETZ -> string (PostgreSQL's text, offset kept).
+TIMESTAMPTZ -> timestamp('us', tz='UTC'); TIMETZ -> string, the UTC ``HH:MM:SS[.f]Z`` form of
+bronze (Delta has no time-with-zone type; the original offset is not kept by Debezium either).
+Silver is decoded from bronze, so ``connect`` mode (milliseconds) is as coarse there.
 TIME ``24:00:00`` is stored in silver as 23:59:59.999999 (a time of day cannot hold 24:00).
 Infinities are clamped to 0001-01-01 / 9999-12-31 23:59:59.999999 (the Delta/Spark range),
 as are values outside it. DATE infinities in bronze are Debezium's epoch days of its infinity
@@ -43,6 +45,7 @@ FAST_TIMESTAMP = _TS + "$"
 FAST_TIMESTAMPTZ = _TS + r"[+-]\d\d(:\d\d)?$"
 FAST_DATE = r"^\d{4}-\d\d-\d\d$"
 FAST_TIME = r"^\d\d:\d\d:\d\d(\.\d{1,6})?$"
+FAST_ZONED = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z$"
 SILVER_MAX_MICROS = cal.days_from_civil(10000, 1, 1) * cal.MICROS_PER_DAY - 1
 SILVER_MIN_MICROS = cal.days_from_civil(1, 1, 1) * cal.MICROS_PER_DAY
 SILVER_MAX_DAYS = cal.days_from_civil(9999, 12, 31)
@@ -102,8 +105,8 @@ class DateConverter(BaseConverter):
     def _bronze(self, text: pa.StringArray) -> pa.Array:
         return self._days(text)
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        days = self._days(text)
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        days = pc.cast(values, pa.int64())
         infinite = pc.less(days, SILVER_MIN_DAYS - 10**9)
         pos = pc.equal(days, POSITIVE_INFINITY_DAYS)
         days = pc.if_else(pc.and_(infinite, pos), SILVER_MAX_DAYS, days)
@@ -164,9 +167,11 @@ class TimeConverter(BaseConverter):
             return pc.cast(pc.divide(micros, 1000), pa.int32())
         return micros
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        micros = pc.min_element_wise(self._micros(text), cal.MICROS_PER_DAY - 1,
-                                     skip_nulls=False)
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        micros = pc.cast(values, pa.int64())
+        if self.millis:
+            micros = pc.multiply(micros, 1000)
+        micros = pc.min_element_wise(micros, cal.MICROS_PER_DAY - 1, skip_nulls=False)
         return pc.cast(micros, pa.time64("us"))
 
 
@@ -191,9 +196,9 @@ class TimestampConverter(BaseConverter):
         micros = timestamp_micros(text, with_zone=False)
         return floor_div(micros, 1000) if self.millis else micros
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        micros = clamp_silver_micros(timestamp_micros(text, with_zone=False))
-        return pc.cast(micros, pa.timestamp("us"))
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        micros = pc.multiply(values, 1000) if self.millis else values
+        return pc.cast(clamp_silver_micros(micros), pa.timestamp("us"))
 
 
 class TimestampTzConverter(BaseConverter):
@@ -228,9 +233,12 @@ class TimestampTzConverter(BaseConverter):
         return cal.iso_utc_timestamp(cal.parse_timestamp_micros(text, with_zone=True),
                                      self.width)
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        micros = clamp_silver_micros(timestamp_micros(text, with_zone=True))
-        return pc.cast(micros, pa.timestamp("us", tz="UTC"))
+    def _from_bronze(self, values: pa.Array) -> pa.Array:
+        slow = _not_fast(values, FAST_ZONED)
+        fast_text = pc.if_else(slow, pa.scalar(None, pa.string()), values)
+        fast = pc.cast(pc.cast(fast_text, pa.timestamp("us", tz="UTC")), pa.int64())
+        micros = patch(fast, values, slow, cal.parse_iso_utc_micros)
+        return pc.cast(clamp_silver_micros(micros), pa.timestamp("us", tz="UTC"))
 
     def bronze_placeholder(self) -> pa.Scalar | None:
         """Fixed width: never TOASTed."""
@@ -241,7 +249,7 @@ class TimestampTzConverter(BaseConverter):
 
 
 class TimeTzConverter(BaseConverter):
-    """TIMETZ -> STRING io.debezium.time.ZonedTime in UTC; silver: PostgreSQL's text."""
+    """TIMETZ -> STRING io.debezium.time.ZonedTime in UTC; silver: the same UTC string."""
 
     def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
                  nullable: bool) -> None:
@@ -262,8 +270,6 @@ class TimeTzConverter(BaseConverter):
     def _fallback_value(self) -> object:
         return "00:00:00Z"
 
-    def _silver(self, text: pa.StringArray) -> pa.Array:
-        return text
 
 
 def schema_of(converter: BaseConverter) -> ConnectSchema:
