@@ -20,11 +20,12 @@ and exactly P fraction digits (Debezium formats with the column's fractional wid
 none); infinities stay ``infinity`` / ``-infinity``. TIMETZ -> STRING io.debezium.time.ZonedTime,
 shifted to UTC, ``HH:MM:SS[.f]Z`` with minimal fraction digits.
 
-Silver: DATE -> date32; TIME -> time64('us'); TIMESTAMP -> timestamp('us') (no zone);
+Silver: DATE -> date32; TIME -> string ``HH:MM:SS[.f]`` with exactly P fraction digits (Delta
+has no TIME type; fixed width, so it sorts as time; ``24:00:00`` kept); TIMESTAMP ->
+timestamp('us') (no zone);
 TIMESTAMPTZ -> timestamp('us', tz='UTC'); TIMETZ -> string, the UTC ``HH:MM:SS[.f]Z`` form of
 bronze (Delta has no time-with-zone type; the original offset is not kept by Debezium either).
 Silver is decoded from bronze, so ``connect`` mode (milliseconds) is as coarse there.
-TIME ``24:00:00`` is stored in silver as 23:59:59.999999 (a time of day cannot hold 24:00).
 Infinities are clamped to 0001-01-01 / 9999-12-31 23:59:59.999999 (the Delta/Spark range),
 as are values outside it. DATE infinities in bronze are Debezium's epoch days of its infinity
 dates (-5877611-06-21 for ``infinity``, -5877611-06-22 for ``-infinity``).
@@ -131,7 +132,7 @@ def _date_days(text: str) -> int:
 
 
 class TimeConverter(BaseConverter):
-    """TIME(P) -> Time (ms, INT32) or MicroTime (us, INT64) per mode; silver time64('us')."""
+    """TIME(P) -> Time (ms, INT32) or MicroTime (us, INT64) per mode; silver ISO text."""
 
     def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
                  nullable: bool) -> None:
@@ -144,7 +145,8 @@ class TimeConverter(BaseConverter):
             schema = primitive("int32", "io.debezium.time.Time")
         else:
             schema = primitive("int64", "io.debezium.time.MicroTime")
-        super().__init__(column, pgtype, typmod, modes, nullable, schema, pa.time64("us"))
+        self.digits = p
+        super().__init__(column, pgtype, typmod, modes, nullable, schema, pa.string())
 
     def _micros(self, text: pa.StringArray) -> pa.Array:
         """``HH:MM:SS[.ffffff]`` -> microseconds, vectorised by fixed positions."""
@@ -171,8 +173,17 @@ class TimeConverter(BaseConverter):
         micros = pc.cast(values, pa.int64())
         if self.millis:
             micros = pc.multiply(micros, 1000)
-        micros = pc.min_element_wise(micros, cal.MICROS_PER_DAY - 1, skip_nulls=False)
-        return pc.cast(micros, pa.time64("us"))
+
+        def two(v: pa.Array) -> pa.Array:
+            return pc.utf8_lpad(pc.cast(v, pa.string()), 2, "0")
+
+        secs = pc.divide(micros, 1_000_000)
+        parts = [two(pc.divide(secs, 3600)), ":", two(pc.remainder(pc.divide(secs, 60), 60)),
+                 ":", two(pc.remainder(secs, 60))]
+        if self.digits > 0:
+            frac = pc.utf8_lpad(pc.cast(pc.remainder(micros, 1_000_000), pa.string()), 6, "0")
+            parts += [".", pc.utf8_slice_codeunits(frac, 0, self.digits)]
+        return pc.binary_join_element_wise(*parts, "")
 
 
 class TimestampConverter(BaseConverter):
