@@ -1,9 +1,21 @@
-"""Appending a decoded window to bronze, exactly once per table (design.md §3, decision 3)."""
+"""Writing decoded windows to bronze, exactly once per table (design.md §3, decision 3).
+
+A :class:`BronzeWindowWriter` takes a window's segments (possibly in several portions, so
+memory stays bounded), writes them as Parquet part files into each table's directory, and at
+the end commits each table's parts in one Delta transaction that records the window end as
+the table's app transaction. Transactions at or below a table's recorded window end are
+dropped first: that is what makes a replay after a crash harmless.
+
+Logical decoding messages (``op = m``) and transaction metadata (BEGIN/END records, when
+``provide.transaction.metadata`` is on) go to two tables under ``<lakehouse>/bronze/_pgcdc``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -11,15 +23,45 @@ from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.changes import Relation, TableChanges, Window
 from pgcdc_dagster.cdc.envelope import SourceIdentity, bronze_from_changes
 from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.cdc.metadata_events import (
+    MESSAGES_SCHEMA,
+    TRANSACTIONS_SCHEMA,
+    message_rows,
+    transaction_rows,
+)
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
-from pgcdc_dagster.lake.delta import append_arrow, committed_version, ensure_table, open_table
+from pgcdc_dagster.lake.delta import (
+    DataFile,
+    commit_files,
+    committed_version,
+    ensure_table,
+    open_table,
+    write_part,
+)
+from pgcdc_dagster.lake.paths import table_uri
+
+SKIPPABLE_OPS = frozenset("cudt")
 
 
-def _keep(seg: TableChanges, skip_below: int) -> TableChanges:
-    """The segment without transactions committed at or below an already-written window."""
-    if not seg.commit_lsn or seg.commit_lsn[0] >= skip_below:
+def parse_skipped_operations(value: str) -> frozenset[str]:
+    """``skipped.operations``: comma-separated c, u, d, t, or ``none``."""
+    ops = {p.strip() for p in value.split(",") if p.strip()}
+    if ops in ({"none"}, set()):
+        return frozenset()
+    unknown = ops - SKIPPABLE_OPS
+    if unknown:
+        from pgcdc_dagster.exceptions import ConfigurationError
+
+        raise ConfigurationError(
+            f"skipped.operations: {', '.join(sorted(unknown))} unknown; use c, u, d, t or none")
+    return frozenset(ops)
+
+
+def _select(seg: TableChanges, keep: Callable[[int], bool]) -> TableChanges:
+    """The rows of ``seg`` for which ``keep(index)`` holds."""
+    idx = [i for i in range(len(seg)) if keep(i)]
+    if len(idx) == len(seg):
         return seg
-    idx = [i for i, c in enumerate(seg.commit_lsn) if c >= skip_below]
     out = TableChanges(seg.relation)
     for name in ("op", "commit_lsn", "lsn", "xid", "commit_ts_us", "total_order",
                  "collection_order", "before", "before_key_only", "after", "truncate_options"):
@@ -29,31 +71,144 @@ def _keep(seg: TableChanges, skip_below: int) -> TableChanges:
     return out
 
 
+def rekey(relation: Relation, key: Sequence[str]) -> Relation:
+    """The relation with the captured table's key flagged.
+
+    pgoutput flags the replica identity columns, which under REPLICA IDENTITY FULL are all
+    columns; events and silver are keyed by the primary key (or the identity index).
+    """
+    wanted = set(key)
+    if all(c.is_key == (c.name in wanted) for c in relation.columns):
+        return relation
+    columns = tuple(dataclasses.replace(c, is_key=c.name in wanted) for c in relation.columns)
+    return dataclasses.replace(relation, columns=columns)
+
+
+def _fresh(seg: TableChanges, done: int | None, skipped: frozenset[str]) -> TableChanges:
+    """Drop transactions already committed (commit LSN below ``done``) and skipped ops."""
+    if done is None and not skipped:
+        return seg
+    floor = -1 if done is None else done
+    lsns, ops = seg.commit_lsn, seg.op
+    return _select(seg, lambda i: lsns[i] >= floor and ops[i] not in skipped)
+
+
+@dataclass
+class _Pending:
+    ctx: TableContext
+    done: int | None
+    files: list[DataFile] = field(default_factory=list)
+    ops: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class BronzeWindowWriter:
+    """Accumulates one window's bronze part files per table, then commits them."""
+
+    contexts: dict[tuple[str, str], TableContext]
+    converters: Callable[[Relation], Sequence[ColumnConverter]]
+    ident: SourceIdentity
+    lakehouse: str
+    app_prefix: str
+    skipped_ops: frozenset[str] = frozenset()
+    tombstones_on_delete: bool = False
+    transaction_metadata: bool = False
+    ignore_message_prefixes: tuple[str, ...] = ()
+    _pending: dict[tuple[str, str], _Pending] = field(default_factory=dict)
+    _messages: list[pa.Table] = field(default_factory=list)
+    _transactions: list[pa.Table] = field(default_factory=list)
+    _meta_done: dict[str, int | None] = field(default_factory=dict)
+
+    def _meta_uri(self, name: str) -> str:
+        return table_uri(self.lakehouse, "bronze", "_pgcdc", name)
+
+    def _meta_app_id(self, name: str) -> str:
+        return f"{self.app_prefix}:bronze:_pgcdc.{name}"
+
+    def _meta_committed(self, name: str) -> int | None:
+        if name not in self._meta_done:
+            self._meta_done[name] = committed_version(open_table(self._meta_uri(name)),
+                                                      self._meta_app_id(name))
+        return self._meta_done[name]
+
+    def _state(self, key: tuple[str, str]) -> _Pending | None:
+        pending = self._pending.get(key)
+        if pending is None:
+            ctx = self.contexts.get(key)
+            if ctx is None:
+                return None  # published but not captured (e.g. a FOR ALL TABLES publication)
+            done = committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id)
+            pending = self._pending[key] = _Pending(ctx, done)
+        return pending
+
+    def add(self, window: Window) -> None:
+        """Convert and write the window's (portion's) events as uncommitted part files."""
+        now_ms = int(time.time() * 1000)
+        for key, segments in window.tables.items():
+            pending = self._state(key)
+            if pending is None:
+                continue
+            done = pending.done
+            tables = []
+            for seg in segments:
+                seg = _fresh(seg, done, self.skipped_ops)
+                seg.relation = rekey(seg.relation, pending.ctx.relation.key_names)
+                if len(seg):
+                    tables.append(bronze_from_changes(
+                        seg, self.converters(seg.relation), self.ident, now_ms,
+                        tombstones=self.tombstones_on_delete))
+            if not tables:
+                continue
+            data = pa.concat_tables(tables, promote_options="permissive")
+            ensure_table(pending.ctx.bronze_uri, data.schema)
+            pending.files.append(write_part(pending.ctx.bronze_uri, data, "part-stream"))
+            for op in data.column("op").to_pylist():
+                pending.ops[str(op)] = pending.ops.get(str(op), 0) + 1
+        done_msgs = self._meta_committed("messages") if window.messages else None
+        msgs = [m for m in window.messages
+                if not m.prefix.startswith(self.ignore_message_prefixes)
+                and (done_msgs is None or m.commit_lsn >= done_msgs)]
+        if msgs:
+            self._messages.append(message_rows(msgs, self.ident, now_ms))
+        if self.transaction_metadata and window.transactions:
+            done_tx = self._meta_committed("transactions")
+            txs = [t for t in window.transactions if done_tx is None or t.commit_lsn >= done_tx]
+            if txs:
+                self._transactions.append(transaction_rows(txs, self.ident, now_ms))
+
+    def commit(self, upto: Lsn) -> dict[str, dict[str, int]]:
+        """Commit every table's parts with app transaction ``upto``; return events by op."""
+        counts: dict[str, dict[str, int]] = {}
+        meta = {"pgcdc.kind": "stream", "pgcdc.window_end": str(upto)}
+        for pending in self._pending.values():
+            if not pending.files:
+                continue
+            table = ensure_table(pending.ctx.bronze_uri, pending.ctx.bronze_schema)
+            commit_files(table, pending.files, table.schema().to_arrow(), mode="append",
+                         app_id=pending.ctx.bronze_app_id, version=int(upto), metadata=meta)
+            counts[pending.ctx.name] = dict(pending.ops)
+        for name, schema, parts in (("messages", MESSAGES_SCHEMA, self._messages),
+                                    ("transactions", TRANSACTIONS_SCHEMA, self._transactions)):
+            if not parts:
+                continue
+            uri, app_id = self._meta_uri(name), self._meta_app_id(name)
+            table = ensure_table(uri, schema)
+            data = pa.concat_tables(parts)
+            commit_files(table, [write_part(uri, data, "part-stream")], schema, mode="append",
+                         app_id=app_id, version=int(upto), metadata=meta)
+            counts[f"_pgcdc.{name}"] = {"m" if name == "messages" else "tx": data.num_rows}
+        self._pending.clear()
+        self._messages.clear()
+        self._transactions.clear()
+        self._meta_done.clear()
+        return counts
+
+
 def write_window(window: Window, upto: Lsn, contexts: dict[tuple[str, str], TableContext],
                  converters: Callable[[Relation], Sequence[ColumnConverter]],
-                 ident: SourceIdentity) -> dict[str, dict[str, int]]:
-    """Append the window's events to bronze, exactly once per table; return counts by op."""
-    counts: dict[str, dict[str, int]] = {}
-    now_ms = int(time.time() * 1000)
-    for key, segments in window.tables.items():
-        ctx = contexts.get(key)
-        if ctx is None:
-            continue  # published but not captured (e.g. FOR ALL TABLES publication)
-        done = committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id)
-        tables = []
-        for seg in segments:
-            if done is not None:
-                seg = _keep(seg, done)
-            if len(seg):
-                tables.append(bronze_from_changes(seg, converters(seg.relation), ident, now_ms))
-        if not tables:
-            continue
-        data = pa.concat_tables(tables, promote_options="permissive")
-        ensure_table(ctx.bronze_uri, ctx.bronze_schema)
-        append_arrow(ctx.bronze_uri, data, app_id=ctx.bronze_app_id, version=int(upto),
-                     metadata={"pgcdc.kind": "stream", "pgcdc.window_end": str(upto)})
-        ops: dict[str, int] = {}
-        for op in data.column("op").to_pylist():
-            ops[op] = ops.get(op, 0) + 1
-        counts[ctx.name] = ops
-    return counts
+                 ident: SourceIdentity, lakehouse: str = "", app_prefix: str = "pgcdc"
+                 ) -> dict[str, dict[str, int]]:
+    """Write and commit one whole window (see :class:`BronzeWindowWriter`)."""
+    writer = BronzeWindowWriter(contexts, converters, ident, lakehouse, app_prefix)
+    writer.add(window)
+    return writer.commit(upto)

@@ -40,6 +40,18 @@ class CaptureSettings:
     """Seconds a micro-batch run may spend before it stops at a window boundary."""
     snapshot_chunk_bytes: int = 64 << 20
     """Heap bytes per snapshot chunk (CTID range)."""
+    skipped_operations: str = "none"
+    """``skipped.operations``: c, u, d, t (comma-separated) or ``none``. Debezium's default
+    is ``t``; here truncates are captured by default because silver must honour them."""
+    tombstones_on_delete: bool = False
+    """``tombstones.on.delete``: add a tombstone row (op null) after each delete in bronze."""
+    provide_transaction_metadata: bool = False
+    """``provide.transaction.metadata``: BEGIN/END records in ``bronze/_pgcdc/transactions``."""
+    heartbeat_interval_ms: int = 0
+    """``heartbeat.interval.ms``: > 0 emits a heartbeat message into the WAL at each run, so a
+    quiet captured database still has a position for the slot to reach."""
+    heartbeat_action_query: str = ""
+    """``heartbeat.action.query``: SQL run on the source before each run's windows."""
 
     @property
     def app_prefix(self) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pgcdc_dagster.capture.tables import TableContext
-from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files, open_table
+from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files
 from pgcdc_dagster.lake.silver import merge_batch, silver_from_images
 from pgcdc_dagster.spark.silver_batch import prepare
 
@@ -39,10 +39,9 @@ class SilverReport:
 def apply_silver(ctx: TableContext, spark: SparkSession) -> SilverReport:
     """Bring the table's silver up to its bronze's current version."""
     started = time.monotonic()
-    bronze = open_table(ctx.bronze_uri)
-    if bronze is None:
-        raise FileNotFoundError(f"bronze table {ctx.bronze_uri} does not exist yet; run the "
-                                "initial_snapshot job first")
+    # A table that joined the capture after the initial snapshot has an empty bronze until
+    # its first change (or an incremental snapshot) arrives.
+    bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
     silver = ensure_table(ctx.silver_uri, ctx.silver_schema)
     applied = committed_version(silver, ctx.silver_app_id)
     target = bronze.version()

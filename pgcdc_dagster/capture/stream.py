@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import psycopg2.extensions
 
-from pgcdc_dagster.capture.bronze_write import write_window
+from pgcdc_dagster.capture.bronze_write import BronzeWindowWriter, parse_skipped_operations
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.tables import TableContext, converters_for
 from pgcdc_dagster.cdc.changes import Relation
@@ -29,7 +29,12 @@ from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.postgres.catalog import load_types
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.peek import peek_window
-from pgcdc_dagster.postgres.slot import advance_slot, current_flush_lsn, require_usable_slot
+from pgcdc_dagster.postgres.slot import (
+    advance_slot,
+    current_flush_lsn,
+    ensure_publication,
+    require_usable_slot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,18 +90,42 @@ class _ConverterCache:
         return convs
 
 
+HEARTBEAT_PREFIX = "pgcdc.heartbeat"
+OWN_MESSAGE_PREFIXES = ("pgcdc.",)
+"""Logical messages this project writes itself (heartbeats, watermarks): not user events."""
+
+
+def heartbeat(conn: psycopg2.extensions.connection, settings: CaptureSettings) -> None:
+    """Run ``heartbeat.action.query`` and emit a heartbeat message when configured."""
+    with conn.cursor() as cur:
+        if settings.heartbeat_action_query:
+            cur.execute(settings.heartbeat_action_query)
+        if settings.heartbeat_interval_ms > 0:
+            cur.execute("SELECT pg_logical_emit_message(false, %s, now()::text)",
+                        (HEARTBEAT_PREFIX,))
+
+
 def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                 ident: SourceIdentity) -> StreamReport:
     """Read and write windows until caught up, out of windows, or out of time."""
     started = time.monotonic()
     report = StreamReport()
     by_name = {c.relation.qualified: c for c in contexts}
+    skipped = parse_skipped_operations(settings.skipped_operations)
     with connection(settings.dsn) as conn:
         info = require_usable_slot(conn, settings.slot)
         assert info.confirmed_flush_lsn is not None
+        if settings.publication_autocreate == "filtered":
+            ensure_publication(conn, settings.publication, [c.relation for c in contexts])
+        heartbeat(conn, settings)
         position = info.confirmed_flush_lsn
         report.start = position
         cache = _ConverterCache(conn, settings)
+        writer = BronzeWindowWriter(
+            by_name, cache.get, ident, settings.lakehouse, settings.app_prefix,
+            skipped_ops=skipped, tombstones_on_delete=settings.tombstones_on_delete,
+            transaction_metadata=settings.provide_transaction_metadata,
+            ignore_message_prefixes=OWN_MESSAGE_PREFIXES)
         for _ in range(settings.max_windows):
             if time.monotonic() - started > settings.time_budget_s:
                 break
@@ -106,16 +135,16 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
             upto = Lsn(min(int(flushed), int(position) + settings.window_max_bytes))
             w_started = time.monotonic()
             window = peek_window(conn, settings.slot, settings.publication, upto)
-            counts = write_window(window, upto, by_name, cache.get, ident)
+            writer.add(window)
+            counts = writer.commit(upto)
             # Only after every bronze commit may the slot forget the window. The window holds
             # exactly the transactions whose commit record starts before ``upto``, and those
             # are the ones a slot confirmed at ``upto`` skips.
-            end = upto
-            advance_slot(conn, settings.slot, end)
-            report.windows.append(WindowReport(position, end, window.change_count,
+            advance_slot(conn, settings.slot, upto)
+            report.windows.append(WindowReport(position, upto, window.change_count,
                                                len(window.transactions), counts,
                                                time.monotonic() - w_started))
-            position = end
+            position = upto
         report.end = position
         final = require_usable_slot(conn, settings.slot)
         report.slot_lag_bytes = final.lag_bytes

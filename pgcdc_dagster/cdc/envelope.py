@@ -103,7 +103,7 @@ def bronze_schema(relation: Relation, converters: Sequence[ColumnConverter]) -> 
         pa.field("before", value),
         pa.field("after", value),
         pa.field("source", SOURCE_TYPE, nullable=False),
-        pa.field("op", pa.string(), nullable=False),
+        pa.field("op", pa.string()),
         pa.field("ts_ms", pa.int64()),
         pa.field("transaction", TRANSACTION_TYPE),
         pa.field("__commit_lsn", pa.int64(), nullable=False),
@@ -197,8 +197,13 @@ def _sequence_strings(commit_lsn: Sequence[int], lsn: Sequence[int]) -> list[str
 
 
 def bronze_from_changes(seg: TableChanges, converters: Sequence[ColumnConverter],
-                        ident: SourceIdentity, processed_ms: int) -> pa.Table:
-    """Bronze rows for one stream segment (ops c/u/d/t), in the segment's order."""
+                        ident: SourceIdentity, processed_ms: int, *,
+                        tombstones: bool = False) -> pa.Table:
+    """Bronze rows for one stream segment (ops c/u/d/t), in the segment's order.
+
+    With ``tombstones`` (Debezium ``tombstones.on.delete``) every delete is followed by a
+    tombstone row: the same key, ``op``, ``before`` and ``after`` null (STR-70).
+    """
     seg = split_key_changes(seg)
     relation = seg.relation
     schema = bronze_schema(relation, converters)
@@ -223,12 +228,35 @@ def bronze_from_changes(seg: TableChanges, converters: Sequence[ColumnConverter]
         pa.array([f"{x}:{c}" for x, c in zip(seg.xid, seg.commit_lsn, strict=True)]),
         pa.array(seg.total_order, pa.int64()), pa.array(seg.collection_order, pa.int64()),
     ], fields=list(TRANSACTION_TYPE))
-    return pa.Table.from_arrays([
+    table = pa.Table.from_arrays([
         key, before, after, source, pa.array(seg.op, pa.string()),
         pa.array([processed_ms] * n, pa.int64()), transaction,
         pa.array(seg.commit_lsn, pa.int64()), pa.array(seg.total_order, pa.int64()),
-        pa.array(unchanged if unchanged is not None else [None] * n, pa.list_(pa.string())),
+        pa.array(unchanged, pa.list_(pa.string())) if unchanged is not None
+        else pa.nulls(n, pa.list_(pa.string())),
     ], schema=schema)
+    return with_tombstones(table) if tombstones and "d" in seg.op else table
+
+
+def with_tombstones(table: pa.Table) -> pa.Table:
+    """Insert a tombstone row (op, before, after null) right after each delete."""
+    ops = table.column("op").to_pylist()
+    order: list[int] = []
+    tomb: list[bool] = []
+    for i, op in enumerate(ops):
+        order.append(i)
+        tomb.append(False)
+        if op == "d":
+            order.append(i)
+            tomb.append(True)
+    out = table.take(pa.array(order, pa.int64()))
+    mask = pa.array(tomb)
+    for name in ("op", "before", "after"):
+        idx = out.schema.get_field_index(name)
+        col = out.column(idx).combine_chunks()
+        out = out.set_column(idx, out.schema.field(idx),
+                             pc.if_else(mask, pa.scalar(None, col.type), col))
+    return out
 
 
 def bronze_from_snapshot(relation: Relation, converters: Sequence[ColumnConverter],

@@ -77,11 +77,33 @@ _BY_NAME: dict[str, Callable[[pa.Array, pa.DataType], pa.Array]] = {
 }
 
 
+_ZERO = {"int8": 0, "int16": 0, "int32": 0, "int64": 0, "bool": False, "float": 0.0,
+         "double": 0.0, "string": "", "binary": b""}
+
+
+def _restore_required(values: pa.Array, target: pa.DataType) -> pa.Array:
+    """Bronze stores nested fields as nullable (a null struct has null children); give the
+    required children of null structs a placeholder so the strict Debezium type applies."""
+    if not (pa.types.is_struct(values.type) and pa.types.is_struct(target)):
+        return values
+    children = []
+    for i in range(target.num_fields):
+        want = target.field(i)
+        child = values.field(want.name)
+        child = _restore_required(child, want.type)
+        if not want.nullable and child.null_count and str(child.type) in _ZERO:
+            child = pc.fill_null(child, pa.scalar(_ZERO[str(child.type)], child.type))
+        children.append(child.cast(want.type) if child.type != want.type else child)
+    return pa.StructArray.from_arrays(children, fields=list(target), mask=values.is_null())
+
+
 def from_bronze(conv: ColumnConverter, values: pa.Array) -> pa.Array:
     """Decode one column of bronze values into the converter's silver type."""
     custom = getattr(conv, "from_bronze", None)
     if custom is not None:
-        return custom(values)
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        return custom(_restore_required(values, conv.bronze_field.type))
     target = conv.silver_field.type
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()

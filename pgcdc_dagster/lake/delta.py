@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
@@ -83,8 +85,12 @@ def append_arrow(uri: str, data: pa.Table, *, app_id: str, version: int,
 
 
 def _stats(path: str, num_records: int) -> str:
-    """Delta file statistics: record count, and min/max/null counts of flat columns."""
-    meta = pq.read_metadata(path)
+    """Delta file statistics of a local Parquet file."""
+    return stats_json(pq.read_metadata(path), num_records)
+
+
+def stats_json(meta: pq.FileMetaData, num_records: int) -> str:
+    """Delta file statistics: record count, and min/max/null counts of flat int/bool columns."""
     mins: dict[str, object] = {}
     maxs: dict[str, object] = {}
     nulls: dict[str, int] = {}
@@ -109,6 +115,21 @@ def describe_file(table_root: str, relative: str, num_records: int) -> DataFile:
     """Build the DataFile of a local Parquet file already written under ``table_root``."""
     full = os.path.join(table_root, relative)
     return DataFile(relative, os.path.getsize(full), num_records, _stats(full, num_records))
+
+
+def write_part(table_root: str, data: pa.Table, prefix: str = "part") -> DataFile:
+    """Write ``data`` as one Parquet file under the table root (local or object store).
+
+    The file is not part of the table until :func:`commit_files` adds it; a crash before
+    that leaves an orphan that readers ignore and ``vacuum`` removes.
+    """
+    name = f"{prefix}-{uuid.uuid4().hex}.parquet"
+    fs, base = pafs.FileSystem.from_uri(table_root)
+    path = f"{base.rstrip('/')}/{name}"
+    collector: list[pq.FileMetaData] = []
+    pq.write_table(data, path, filesystem=fs, compression="zstd", metadata_collector=collector)
+    size = fs.get_file_info(path).size
+    return DataFile(name, int(size or 0), data.num_rows, stats_json(collector[0], data.num_rows))
 
 
 def commit_files(table: DeltaTable, files: Sequence[DataFile], schema: pa.Schema, *,
