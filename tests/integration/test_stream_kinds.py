@@ -36,7 +36,8 @@ def test_messages_transactions_tombstones_truncate(pg_dsn, pg_conn, spark, lakeh
         cur.execute("INSERT INTO full_t VALUES (1, 'x', 10)")
     settings = _settings(pg_dsn, lakehouse, tombstones_on_delete=True,
                          provide_transaction_metadata=True, heartbeat_interval_ms=1000,
-                         heartbeat_action_query="CREATE TABLE IF NOT EXISTS hb_seen (x int PRIMARY KEY)")
+                         heartbeat_action_query="CREATE TABLE IF NOT EXISTS hb_seen "
+                                                "(x int PRIMARY KEY)")
     run_bronze(settings, spark, force_snapshot_step=True)
     with pg_conn.cursor() as cur:
         cur.execute("BEGIN")
@@ -109,6 +110,6 @@ def test_skipped_operations(pg_dsn, pg_conn, spark, lakehouse) -> None:
     run_bronze(settings, spark, force_snapshot_step=False)
     ops = sorted(_bronze(lakehouse, "public", "t").column("op").to_pylist())
     assert ops == ["c", "r"]
-    with pytest.raises(Exception, match="skipped.operations"):
+    with pytest.raises(Exception, match=r"skipped\.operations"):
         run_bronze(dataclasses.replace(settings, skipped_operations="x"), spark,
                    force_snapshot_step=False)
