@@ -340,3 +340,16 @@ def test_silver_is_decoded_bronze(name, typmod, modes, values):
     c = conv(name, typmod, **modes)
     text = pa.array(values, type=pa.string())
     assert c.to_silver(text).equals(c.from_bronze(c.to_bronze(text)))
+
+
+def test_from_bronze_accepts_slices_and_chunks():
+    arr = converter_for("c", array_of(pg("numeric")), (5 << 16 | 2) + 4, TypeModes())
+    text = pa.array(["{1.00,NULL}", None, "{}", "{-2.50}"], type=pa.string())
+    bronze = arr.to_bronze(text)
+    assert arr.from_bronze(bronze.slice(1)).equals(arr.to_silver(text.slice(1)))
+    chunked = pa.chunked_array([bronze.slice(0, 2), bronze.slice(2)])
+    assert arr.from_bronze(chunked).equals(arr.to_silver(text))
+    dec = conv("numeric", (10 << 16 | 2) + 4)
+    values = dec.to_bronze(pa.array(["1.00", None, "-3.21"]))
+    assert dec.from_bronze(values.slice(1)).to_pylist() == [None, dec.to_silver(
+        pa.array(["-3.21"])).to_pylist()[0]]

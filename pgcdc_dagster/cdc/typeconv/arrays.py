@@ -166,6 +166,8 @@ class ArrayConverter(BaseConverter):
 def _map_lists(values: pa.Array, fn: Callable[[pa.Array], pa.Array],
                type_: pa.DataType) -> pa.Array:
     """Apply ``fn`` to the leaf values of (nested) lists, keeping offsets and nulls."""
+    if values.offset:
+        values = pa.concat_arrays([values])  # rebase a slice (from_arrays needs offset 0)
     child_type = type_.value_type
     if pa.types.is_list(values.type.value_type):
         child = _map_lists(values.values, fn, child_type)

@@ -147,6 +147,14 @@ class ColumnConverter(Protocol):
         """Text output values (nulls for SQL NULL) -> native values."""
         ...
 
+    def from_bronze(self, values: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """Bronze values -> native values; ``to_silver(t) == from_bronze(to_bronze(t))``."""
+        ...
+
+    def bronze_fallback(self) -> pa.Scalar:
+        """Debezium's value for a null in a NOT NULL column (the type's zero)."""
+        ...
+
     def bronze_placeholder(self) -> pa.Scalar | None:
         """The bronze value Debezium stores for an unchanged TOAST column, if it has one."""
         ...
