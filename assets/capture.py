@@ -3,20 +3,61 @@
 The bronze multi-asset owns the replication slot (pool ``pgcdc_slot``, size 1): it takes the
 initial snapshot when ``snapshot.mode`` asks for one and reads bounded windows. The silver
 multi-asset applies what bronze appended since silver last caught up.
+
+Every materialization carries the numbers the UI plots over time: capture kind, LSN range,
+events by op, rows and bytes written, duration, rows/s, slot lag, Delta version, and the
+table's column schema (``dagster/column_schema``).
 """
 
+# No ``from __future__ import annotations`` here: Dagster reads the config and resource
+# annotations of the asset functions at definition time.
+
+import re
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dagster as dg
+import pyarrow as pa
 from pydantic import Field
 
-from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, run_silver
-from pgcdc_dagster.lake.delta import open_table
+from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, select_contexts
+from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
+from pgcdc_dagster.capture.tables import TableContext
+from pgcdc_dagster.lake.silver import META_NAMES
+from pgcdc_dagster.ops.delta_stats import TableStats, growth, live_row_count, table_stats
+from pgcdc_dagster.ops.lsn_windows import bronze_commits
+from pgcdc_dagster.ops.schema_drift import normalise_type
+from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
 CAPTURE_POOL = "pgcdc_slot"
 """Concurrency pool around everything that reads the slot; give it a limit of 1."""
+
+DEFAULT_OWNERS = ("team:pgcdc",)
+_TAG_VALUE = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+
+SILVER_META_DOC = {
+    "__op": "Debezium op of the change that produced the row: r snapshot, c, u, d",
+    "__lsn": "LSN of that change (Debezium source.lsn)",
+    "__commit_lsn": "commit LSN of its transaction (sequence, part 1: greatest wins)",
+    "__ordinal": "position of the change in its transaction (sequence, part 2)",
+    "__source_ts_ms": "commit time in the source, ms since the epoch (source.ts_ms)",
+    "__deleted": "tombstone: the key was deleted; read live rows WHERE NOT __deleted",
+}
+BRONZE_DOC = {
+    "key": "the event's key (primary-key columns, Debezium literal types)",
+    "before": "row image before the change (d, u with REPLICA IDENTITY FULL or key change)",
+    "after": "row image after the change (r, c, u)",
+    "source": "Debezium source block: version, connector, name, ts_ms, snapshot, db, "
+              "sequence, schema, table, txId, lsn, xmin",
+    "op": "r snapshot read, c create, u update, d delete, t truncate",
+    "ts_ms": "when the event was processed, ms since the epoch",
+    "transaction": "id, total_order, data_collection_order",
+    "__commit_lsn": "commit LSN of the transaction (sequence, part 1)",
+    "__ordinal": "position of the event in its transaction (sequence, part 2)",
+    "__toast_unchanged": "columns whose value was unchanged TOAST (not sent by pgoutput)",
+}
 
 
 def source_key(schema: str, table: str) -> dg.AssetKey:
@@ -31,13 +72,38 @@ def silver_key(schema: str, table: str) -> dg.AssetKey:
     return dg.AssetKey(["silver", schema, table])
 
 
-def source_specs(tables: Sequence[tuple[str, str]]) -> list[dg.AssetSpec]:
-    """The source tables as external assets (lineage roots)."""
+SLOT_KEY = dg.AssetKey(["source", "replication_slot"])
+"""The logical replication slot (and its publication) as an external asset."""
+
+
+def _tags(layer: str, schema: str, table: str) -> dict[str, str]:
+    tags = {"pgcdc/layer": layer}
+    for key, value in (("pgcdc/schema", schema), ("pgcdc/table", table)):
+        if _TAG_VALUE.match(value):
+            tags[key] = value
+    return tags
+
+
+def slot_spec(owners: Sequence[str] = DEFAULT_OWNERS) -> dg.AssetSpec:
+    """The replication slot every bronze asset reads (health check and lag observations)."""
+    return dg.AssetSpec(
+        SLOT_KEY, group_name="source", kinds={"postgres"}, owners=list(owners),
+        tags={"pgcdc/layer": "source"},
+        description="The logical replication slot (pgoutput) and its publication: the "
+        "position up to which the source's changes are in bronze. Its checks and "
+        "observations show the lag, the WAL it retains and its wal_status.",
+    )
+
+
+def source_specs(tables: Sequence[tuple[str, str]],
+                 owners: Sequence[str] = DEFAULT_OWNERS) -> list[dg.AssetSpec]:
+    """The source tables (external assets, lineage roots) and the replication slot."""
     return [
         dg.AssetSpec(source_key(s, t), group_name="source", kinds={"postgres"},
+                     owners=list(owners), tags=_tags("source", s, t),
                      description=f"PostgreSQL table {s}.{t} (captured through the slot).")
         for s, t in tables
-    ]
+    ] + [slot_spec(owners)]
 
 
 class BronzeConfig(dg.Config):
@@ -50,66 +116,184 @@ class BronzeConfig(dg.Config):
     )
 
 
-def _bronze_metadata(run: BronzeRun, schema: str, table: str) -> dict[str, Any]:
-    name = f"{schema}.{table}"
+def _column(field: pa.Field, description: str, *, key: bool = False) -> dg.TableColumn:
+    return dg.TableColumn(
+        name=field.name, type=normalise_type(field.type), description=description,
+        constraints=dg.TableColumnConstraints(
+            nullable=field.nullable and not key, unique=False,
+            other=["primary key"] if key else []),
+    )
+
+
+def silver_column_schema(ctx: TableContext) -> dg.TableSchema:
+    """Silver columns: the source columns in native types, then the metadata columns."""
+    keys = set(ctx.relation.key_names)
+    columns = []
+    for field in ctx.silver_schema:
+        if field.name in META_NAMES:
+            columns.append(_column(field, SILVER_META_DOC.get(field.name, "")))
+            continue
+        meta = {k.decode(): v.decode() for k, v in (field.metadata or {}).items()}
+        pg_type = meta.get("pg.type", "")
+        columns.append(_column(field, f"source type {pg_type}" if pg_type else "",
+                               key=field.name in keys))
+    return dg.TableSchema(columns=columns)
+
+
+def bronze_column_schema(ctx: TableContext) -> dg.TableSchema:
+    """Bronze columns: the Debezium envelope plus the sequence columns."""
+    return dg.TableSchema(columns=[_column(f, BRONZE_DOC.get(f.name, ""))
+                                   for f in ctx.bronze_schema])
+
+
+def _rate(rows: int, seconds: float) -> float:
+    return round(rows / seconds, 1) if seconds > 0 else 0.0
+
+
+def _slot_meta(health: SlotHealth | None) -> dict[str, Any]:
+    if health is None or not health.exists:
+        return {}
+    return {"slot_lag_bytes": health.lag_bytes, "slot_retained_bytes": health.retained_bytes,
+            "wal_status": str(health.wal_status)}
+
+
+def _bronze_metadata(run: BronzeRun, ctx: TableContext, before: TableStats, seconds: float,
+                     health: SlotHealth | None) -> dict[str, Any]:
+    name = ctx.name
     meta: dict[str, Any] = {}
     kinds = []
+    events = dict.fromkeys("rcudt", 0)
     if run.snapshot is not None and run.snapshot.performed:
         kinds.append("snapshot")
         for t in run.snapshot.tables:
             if t.table == name:
                 meta["snapshot_rows"] = t.rows
                 meta["snapshot_chunks"] = t.chunks
+                events["r"] = t.rows
         meta["snapshot_lsn"] = str(run.snapshot.consistent_point)
     if run.stream is not None:
         kinds.append("stream")
-        ops = run.stream.events_by_table().get(name, {})
-        for op in "cudt":
-            meta[f"events_{op}"] = ops.get(op, 0)
+        for op, n in run.stream.events_by_table().get(name, {}).items():
+            events[op] = events.get(op, 0) + n
         meta["lsn_start"] = str(run.stream.start)
         meta["lsn_end"] = str(run.stream.end)
         meta["windows"] = len(run.stream.windows)
         meta["slot_lag_bytes"] = run.stream.slot_lag_bytes
         meta["slot_retained_bytes"] = run.stream.slot_retained_bytes
         meta["wal_status"] = str(run.stream.wal_status)
+    else:
+        meta.update(_slot_meta(health))
     meta["capture_kind"] = "+".join(kinds) or "none"
-    for ctx in run.contexts:
-        if ctx.name == name:
-            table_obj = open_table(ctx.bronze_uri)
-            if table_obj is not None:
-                meta["delta_version"] = table_obj.version()
-            meta["table_uri"] = dg.MetadataValue.path(ctx.bronze_uri)
+    for op, n in events.items():
+        meta[f"events_{op}"] = n
+    total = sum(events.values())
+    after = table_stats(ctx.bronze_uri)
+    added = growth(before, after, ctx.bronze_uri)
+    meta.update({
+        "events": total,
+        "rows_written": added.rows,
+        "bytes_written": added.bytes,
+        "files_written": added.files,
+        "duration_s": round(seconds, 3),
+        "rows_per_s": _rate(total, seconds),
+        "dagster/row_count": after.rows,
+        "table_bytes": after.bytes,
+        "dagster/column_schema": bronze_column_schema(ctx),
+        "dagster/uri": ctx.bronze_uri,
+        "table_uri": dg.MetadataValue.path(ctx.bronze_uri),
+    })
+    if after.version is not None:
+        meta["delta_version"] = after.version
     return meta
 
 
-def build_capture_assets(tables: Sequence[tuple[str, str]]) -> list[dg.AssetsDefinition]:
+def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats,
+                     bronze_from: int | None, health: SlotHealth | None) -> dict[str, Any]:
+    """Metadata of one silver materialization; ``bronze_from`` is the bronze version the
+    previous materialization had applied (None: this is the first)."""
+    after = table_stats(ctx.silver_uri)
+    added = growth(before, after, ctx.silver_uri)
+    commits, _ = bronze_commits(ctx.bronze_uri)
+    earlier = [c for c in commits if bronze_from is not None and c.version <= bronze_from]
+    applied = [c for c in commits if (bronze_from is None or c.version > bronze_from)
+               and c.version <= report.bronze_to]
+    kinds = [k for k in ("snapshot", "stream") if any(c.kind == k for c in applied)]
+    counts = report.counts
+    meta: dict[str, Any] = {
+        "capture_kind": "+".join(kinds) or "none",
+        "bronze_version_from": -1 if report.bronze_from is None else report.bronze_from,
+        "bronze_version_to": report.bronze_to,
+        "events": report.events,
+        "rows_merged": report.rows,
+        "inserted": counts.get("inserted", 0),
+        "updated": counts.get("updated", 0),
+        "deleted_by_truncate": counts.get("deleted_by_truncate", 0),
+        "delta_version": report.silver_version,
+        "duration_s": round(report.seconds, 3),
+        "rows_per_s": _rate(report.rows, report.seconds),
+        "rows_written": added.rows,
+        "bytes_written": added.bytes,
+        "files_written": added.files,
+        "table_bytes": after.bytes,
+        "dagster/row_count": live_row_count(ctx.silver_uri) or 0,
+        "dagster/column_schema": silver_column_schema(ctx),
+        "dagster/uri": ctx.silver_uri,
+        "table_uri": dg.MetadataValue.path(ctx.silver_uri),
+        **_slot_meta(health),
+    }
+    if applied:
+        meta["lsn_start"] = str(earlier[-1].end if earlier else applied[0].end)
+        meta["lsn_end"] = str(applied[-1].end)
+    return meta
+
+
+def build_capture_assets(tables: Sequence[tuple[str, str]],
+                         owners: Sequence[str] = DEFAULT_OWNERS) -> list[dg.AssetsDefinition]:
     """The bronze and silver multi-assets for the given ``(schema, table)`` pairs."""
     bronze_specs = [
-        dg.AssetSpec(bronze_key(s, t), group_name="bronze", deps=[source_key(s, t)],
-                     kinds={"postgres", "spark", "delta"},
-                     description=f"Debezium change events of {s}.{t} (append-only Delta).")
+        dg.AssetSpec(
+            bronze_key(s, t), group_name="bronze", deps=[source_key(s, t), SLOT_KEY],
+            kinds={"postgres", "spark", "delta"}, owners=list(owners),
+            tags=_tags("bronze", s, t),
+            description=f"Change events of {s}.{t} in Debezium's envelope (key, before, "
+            "after, source, op, ts_ms, transaction): one row per change, op r for the "
+            "snapshot, append-only Delta at <lakehouse>/bronze/"
+            f"{s}/{t}, written exactly once per slot window.")
         for s, t in tables
     ]
     silver_specs = [
-        dg.AssetSpec(silver_key(s, t), group_name="silver", deps=[bronze_key(s, t)],
-                     kinds={"spark", "delta"},
-                     description=f"Current state of {s}.{t} (Delta; read WHERE NOT __deleted).")
+        dg.AssetSpec(
+            silver_key(s, t), group_name="silver", deps=[bronze_key(s, t)],
+            kinds={"spark", "delta"}, owners=list(owners), tags=_tags("silver", s, t),
+            description=f"Current state of {s}.{t}: one row per key in native Delta types, "
+            f"at <lakehouse>/silver/{s}/{t}. Deleted keys stay as tombstones: read live "
+            "rows WHERE NOT __deleted.")
         for s, t in tables
     ]
 
     @dg.multi_asset(specs=bronze_specs, name="bronze", pool=CAPTURE_POOL, can_subset=False)
     def bronze(context: dg.AssetExecutionContext, config: BronzeConfig,
                postgres: PostgresResource, lakehouse: LakehouseResource,
-               capture: CaptureResource, spark: SparkResource,
-               ) -> Iterator[dg.MaterializeResult[Any]]:
+               capture: CaptureResource,
+               spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
         settings = capture.settings(postgres.dsn, lakehouse.root)
+        before = {(s, t): table_stats(lakehouse.table("bronze", s, t)) for s, t in tables}
+        started = time.monotonic()
         run = run_bronze(settings, spark.get_session(), force_snapshot_step=config.snapshot_step,
                          only=set(tables), progress=context.log.info)
+        seconds = time.monotonic() - started
         for note in run.notes:
             context.log.info(note)
+        health = None if run.stream is not None else slot_health(postgres.dsn, capture.slot)
+        by_name = {c.relation.qualified: c for c in run.contexts}
         for s, t in tables:
-            yield dg.MaterializeResult(asset_key=bronze_key(s, t),
-                                       metadata=_bronze_metadata(run, s, t))
+            ctx = by_name.get((s, t))
+            if ctx is None:
+                raise dg.Failure(f"{s}.{t} is no longer captured (dropped, or no longer matched "
+                                 "by the include list): reload the code location")
+            yield dg.MaterializeResult(
+                asset_key=bronze_key(s, t),
+                metadata=_bronze_metadata(run, ctx, before[(s, t)], seconds, health))
 
     @dg.multi_asset(specs=silver_specs, name="silver", can_subset=True)
     def silver(context: dg.AssetExecutionContext, postgres: PostgresResource,
@@ -117,22 +301,30 @@ def build_capture_assets(tables: Sequence[tuple[str, str]]) -> list[dg.AssetsDef
                spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
         settings = capture.settings(postgres.dsn, lakehouse.root)
         selected = {(k.path[1], k.path[2]) for k in context.selected_asset_keys}
-        for report in run_silver(settings, spark.get_session(), only=selected):
-            schema, table = report.table.split(".", 1)
-            counts = report.counts
+        session = spark.get_session()
+        reports = []
+        for ctx in select_contexts(settings, selected):
+            version, bronze_from = _previous(context, silver_key(*ctx.relation.qualified))
+            before = table_stats(ctx.silver_uri, version) if version is not None \
+                else TableStats(None)
+            reports.append((ctx, before, bronze_from, apply_silver(ctx, session)))
+        health = slot_health(postgres.dsn, capture.slot)
+        for ctx, before, bronze_from, report in reports:
             yield dg.MaterializeResult(
-                asset_key=silver_key(schema, table),
-                metadata={
-                    "bronze_version_from": -1 if report.bronze_from is None else report.bronze_from,
-                    "bronze_version_to": report.bronze_to,
-                    "events": report.events,
-                    "rows_merged": report.rows,
-                    "inserted": counts.get("inserted", 0),
-                    "updated": counts.get("updated", 0),
-                    "deleted_by_truncate": counts.get("deleted_by_truncate", 0),
-                    "delta_version": report.silver_version,
-                    "duration_s": round(report.seconds, 3),
-                },
-            )
+                asset_key=silver_key(*ctx.relation.qualified),
+                metadata=_silver_metadata(report, ctx, before, bronze_from, health))
 
     return [bronze, silver]
+
+
+def _previous(context: dg.AssetExecutionContext, key: dg.AssetKey) -> tuple[int | None,
+                                                                          int | None]:
+    """Silver Delta version and bronze version applied, as the previous materialization
+    recorded them (None, None for the first one)."""
+    event = context.instance.get_latest_materialization_event(key)
+    if event is None or event.asset_materialization is None:
+        return None, None
+    meta = event.asset_materialization.metadata
+    values = [meta.get(name) for name in ("delta_version", "bronze_version_to")]
+    out = [v.value if v is not None and isinstance(v.value, int) else None for v in values]
+    return out[0], out[1]

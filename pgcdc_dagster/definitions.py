@@ -13,7 +13,13 @@ from collections.abc import Mapping, Sequence
 import dagster as dg
 
 from assets import CAPTURE_POOL, build_capture_assets, source_specs
+from assets.checks import build_asset_checks
+from assets.jobs import build_jobs
+from assets.operations import teardown_job
+from assets.schedules import build_schedules
+from assets.sensors import build_sensors
 from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import check_server, resolve_tables
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
@@ -55,26 +61,22 @@ def discover_tables(dsn: str, include: Sequence[str], exclude: Sequence[str] = (
 
 
 def build_definitions(tables: Sequence[tuple[str, str]],
-                      resources: Mapping[str, object] | None = None) -> dg.Definitions:
-    """Definitions for the given tables (tests pass resources; the loader uses the env)."""
-    capture_assets = build_capture_assets(tables)
-    selection = dg.AssetSelection.groups("bronze", "silver")
-    initial_snapshot = dg.define_asset_job(
-        "initial_snapshot", selection=selection,
-        description="Create the slot, snapshot every captured table (bronze op=r and the "
-        "silver baseline), then catch up with the stream.",
-        config={"ops": {"bronze": {"config": {"snapshot_step": True}}}},
-        executor_def=dg.in_process_executor,
-    )
-    microbatch = dg.define_asset_job(
-        "cdc_microbatch", selection=selection,
-        description="Read bounded slot windows into bronze (exactly once), merge silver, "
-        "advance the slot.",
-        executor_def=dg.in_process_executor,
-    )
+                      resources: Mapping[str, object] | None = None, *,
+                      settings: MonitorSettings | None = None) -> dg.Definitions:
+    """Definitions for the given tables (tests pass resources; the loader uses the env).
+
+    ``settings`` (schedule, lag trigger, check thresholds, owners) default to the
+    ``PGCDC_*`` environment variables documented in docs/configuration.md.
+    """
+    settings = settings if settings is not None else MonitorSettings.from_env(os.environ)
+    jobs = build_jobs(tables)
     return dg.Definitions(
-        assets=[*source_specs(tables), *capture_assets],
-        jobs=[initial_snapshot, microbatch],
+        assets=[*source_specs(tables, settings.owners),
+                *build_capture_assets(tables, settings.owners)],
+        asset_checks=build_asset_checks(tables, settings),
+        jobs=[*jobs.all(), teardown_job],
+        schedules=build_schedules(jobs, settings),
+        sensors=build_sensors(tables, jobs, settings),
         resources=dict(resources) if resources is not None else default_resources(),
     )
 

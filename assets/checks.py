@@ -1,0 +1,303 @@
+"""Asset checks: silver against the source, bronze LSN windows, schema drift, slot health.
+
+* ``silver/<schema>/<table>`` ``matches_source``: live row count, key checksum and row
+  checksum agree with the source at the LSN silver reached (keys changed since are left out
+  and counted). Scans both sides: it runs in the ``capture_checks`` job (and on demand), not
+  in every micro-batch. Holds the slot pool (it peeks the slot).
+* ``silver/<schema>/<table>`` ``schema_matches_source``: the source's columns, typed as
+  silver would type them, against the silver Delta schema.
+* ``bronze/<schema>/<table>`` ``lsn_windows_contiguous``: bronze windows advance strictly,
+  the runs that read the slot chain without a gap, and nothing else moved the slot.
+* ``source/replication_slot`` ``slot_healthy``: ``wal_status``, lag, retained WAL and
+  spill within the thresholds.
+
+A check that cannot evaluate (source down, slot busy) reports a failed WARN result saying
+why, so a micro-batch run never fails because of a check.
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the resource annotations.
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import dagster as dg
+import psycopg2
+from deltalake.exceptions import DeltaError
+
+from assets.capture import CAPTURE_POOL, SLOT_KEY, bronze_key, silver_key
+from pgcdc_dagster.capture.runner import select_contexts
+from pgcdc_dagster.capture.tables import TableContext
+from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.exceptions import PgCdcError
+from pgcdc_dagster.lake.delta import committed_version, open_table
+from pgcdc_dagster.ops.consistency import ConsistencyReport, compare_with_source
+from pgcdc_dagster.ops.lsn_windows import (
+    RunRange,
+    WindowReport,
+    bronze_commits,
+    check_commits,
+    check_runs,
+)
+from pgcdc_dagster.ops.schema_drift import compare_schemas, silver_schema_of
+from pgcdc_dagster.ops.settings import MonitorSettings
+from pgcdc_dagster.ops.slot_health import HEALTHY_WAL_STATUS, SlotHealth, slot_health
+from pgcdc_dagster.postgres.connection import redact
+from resources import CaptureResource, LakehouseResource, PostgresResource
+
+MATCHES_SOURCE = "matches_source"
+SCHEMA_MATCHES = "schema_matches_source"
+LSN_WINDOWS = "lsn_windows_contiguous"
+SLOT_HEALTHY = "slot_healthy"
+
+_EXPECTED_ERRORS = (PgCdcError, psycopg2.Error, DeltaError, OSError)
+
+ERROR = dg.AssetCheckSeverity.ERROR
+WARN = dg.AssetCheckSeverity.WARN
+
+
+def matches_source_keys(tables: Sequence[tuple[str, str]]) -> list[dg.AssetCheckKey]:
+    return [dg.AssetCheckKey(silver_key(s, t), MATCHES_SOURCE) for s, t in tables]
+
+
+def light_check_keys(tables: Sequence[tuple[str, str]]) -> list[dg.AssetCheckKey]:
+    """The checks cheap enough to run after every capture run."""
+    return [
+        *(dg.AssetCheckKey(bronze_key(s, t), LSN_WINDOWS) for s, t in tables),
+        *(dg.AssetCheckKey(silver_key(s, t), SCHEMA_MATCHES) for s, t in tables),
+        dg.AssetCheckKey(SLOT_KEY, SLOT_HEALTHY),
+    ]
+
+
+def _selected(context: dg.AssetCheckExecutionContext) -> list[dg.AssetCheckKey]:
+    return sorted(context.selected_asset_check_keys, key=lambda k: k.to_user_string())
+
+
+def _table(key: dg.AssetCheckKey) -> tuple[str, str]:
+    return key.asset_key.path[1], key.asset_key.path[2]
+
+
+def _not_evaluated(key: dg.AssetCheckKey, why: str) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(asset_key=key.asset_key, check_name=key.name, passed=False,
+                               severity=WARN, description=f"check could not run: {why}",
+                               metadata={"evaluated": False})
+
+
+def _per_table(context: dg.AssetCheckExecutionContext, postgres: PostgresResource,
+               lakehouse: LakehouseResource, capture: CaptureResource,
+               evaluate: Callable[[dg.AssetCheckKey, TableContext], dg.AssetCheckResult],
+               ) -> Iterator[dg.AssetCheckResult]:
+    """Load the selected tables' contexts once and evaluate each selected check."""
+    keys = _selected(context)
+    try:
+        settings = capture.settings(postgres.dsn, lakehouse.root)
+        contexts = {c.relation.qualified: c
+                    for c in select_contexts(settings, {_table(k) for k in keys})}
+    except _EXPECTED_ERRORS as exc:
+        for key in keys:
+            yield _not_evaluated(key, redact(str(exc)))
+        return
+    for key in keys:
+        ctx = contexts.get(_table(key))
+        if ctx is None:
+            yield _not_evaluated(key, f"{'.'.join(_table(key))} is no longer captured "
+                                 "(dropped, or not matched by the include list)")
+            continue
+        try:
+            yield evaluate(key, ctx)
+        except _EXPECTED_ERRORS as exc:
+            yield _not_evaluated(key, redact(str(exc)))
+
+
+def _consistency_result(key: dg.AssetCheckKey, report: ConsistencyReport) -> dg.AssetCheckResult:
+    meta: dict[str, Any] = {
+        "compared": report.compared,
+        "silver_lsn": str(report.silver_lsn),
+        "source_lsn": str(report.source_lsn),
+        "silver_version": -1 if report.silver_version is None else report.silver_version,
+        "pending_events": report.pending_events,
+        "excluded_keys": report.excluded_keys,
+    }
+    if report.compared:
+        meta.update({
+            "source_rows": report.source.rows,
+            "silver_rows": report.silver.rows,
+            "source_key_checksum": f"{report.source.key_checksum:016x}",
+            "silver_key_checksum": f"{report.silver.key_checksum:016x}",
+            "source_row_checksum": f"{report.source.row_checksum:016x}",
+            "silver_row_checksum": f"{report.silver.row_checksum:016x}",
+            "columns_compared": len(report.columns),
+        })
+        for label, sample in (("missing_in_silver", report.missing),
+                              ("not_in_source", report.extra),
+                              ("values_differ", report.different)):
+            if sample:
+                meta[label] = ", ".join(sample)
+    if report.skipped_columns:
+        meta["columns_not_compared"] = ", ".join(report.skipped_columns)
+    return dg.AssetCheckResult(
+        asset_key=key.asset_key, check_name=key.name, passed=report.ok,
+        severity=ERROR if report.compared else WARN, description=report.describe(),
+        metadata=meta)
+
+
+def _runs(instance: dg.DagsterInstance, key: dg.AssetKey, limit: int) -> list[RunRange]:
+    """The capture runs' ranges, oldest first, from the bronze materializations."""
+    result = instance.fetch_materializations(key, limit=limit)
+    runs = []
+    for record in reversed(result.records):
+        mat = record.asset_materialization
+        if mat is None:
+            continue
+        meta = {k: v.value for k, v in mat.metadata.items()}
+
+        def lsn(name: str, meta: dict[str, Any] = meta) -> Lsn | None:
+            value = meta.get(name)
+            try:
+                return Lsn.parse(str(value)) if value not in (None, "", "None") else None
+            except ValueError:
+                return None
+
+        runs.append(RunRange(record.run_id[:8], lsn("snapshot_lsn"), lsn("lsn_start"),
+                             lsn("lsn_end")))
+    return runs
+
+
+def _windows_result(key: dg.AssetCheckKey, report: WindowReport,
+                    confirmed: Lsn | None) -> dg.AssetCheckResult:
+    meta: dict[str, Any] = {
+        "bronze_commits_checked": report.commits,
+        "runs_checked": report.runs,
+        "last_window_end": str(report.last_window_end),
+        "covered_from": str(report.covered_from),
+        "covered_to": str(report.covered_to),
+        "slot_confirmed_lsn": str(confirmed),
+    }
+    if report.problems:
+        meta["problems"] = dg.MetadataValue.md("\n".join(f"- {p}" for p in report.problems))
+    description = (f"{report.table}: no gap in LSN windows from {report.covered_from} to "
+                   f"{report.covered_to}" if report.ok else
+                   f"{report.table}: " + "; ".join(report.problems))
+    return dg.AssetCheckResult(asset_key=key.asset_key, check_name=key.name, passed=report.ok,
+                               severity=ERROR, description=description, metadata=meta)
+
+
+def _slot_result(health: SlotHealth, settings: MonitorSettings) -> dg.AssetCheckResult:
+    problems = health.problems(settings.slot)
+    fatal = not health.exists or health.wal_status not in HEALTHY_WAL_STATUS
+    meta: dict[str, Any] = {"exists": health.exists}
+    if health.exists:
+        meta.update({
+            "wal_status": str(health.wal_status),
+            "active": health.active,
+            "confirmed_flush_lsn": str(health.confirmed_flush_lsn),
+            "restart_lsn": str(health.restart_lsn),
+            "lag_bytes": health.lag_bytes,
+            "retained_bytes": health.retained_bytes,
+            "safe_wal_size": -1 if health.safe_wal_size is None else health.safe_wal_size,
+            "spill_txns": health.spill_txns,
+            "spill_bytes": health.spill_bytes,
+            "spill_ratio": round(health.spill_ratio, 4),
+            "stream_txns": health.stream_txns,
+            "total_bytes": health.total_bytes,
+            "max_lag_bytes": settings.slot.max_lag_bytes,
+            "max_retained_bytes": settings.slot.max_retained_bytes,
+        })
+    description = (f"slot {health.name!r}: wal_status {health.wal_status}, lag "
+                   f"{health.lag_bytes} bytes, retains {health.retained_bytes} bytes"
+                   if not problems else f"slot {health.name!r}: " + "; ".join(problems))
+    return dg.AssetCheckResult(asset_key=SLOT_KEY, check_name=SLOT_HEALTHY,
+                               passed=not problems, severity=ERROR if fatal else WARN,
+                               description=description, metadata=meta)
+
+
+def build_asset_checks(tables: Sequence[tuple[str, str]],
+                       settings: MonitorSettings) -> list[dg.AssetChecksDefinition]:
+    """The checks of the captured tables and of the slot."""
+    checks: list[dg.AssetChecksDefinition] = []
+    if tables:
+        checks.extend(_table_checks(tables, settings))
+
+    @dg.asset_check(asset=SLOT_KEY, name=SLOT_HEALTHY,
+                    description="The replication slot exists, its wal_status is reserved or "
+                    "extended, and its lag, retained WAL and spill ratio are within the "
+                    "thresholds (PGCDC_SLOT_MAX_LAG_BYTES, PGCDC_SLOT_MAX_RETAINED_BYTES).")
+    def slot_healthy(postgres: PostgresResource, capture: CaptureResource) -> dg.AssetCheckResult:
+        key = dg.AssetCheckKey(SLOT_KEY, SLOT_HEALTHY)
+        try:
+            return _slot_result(slot_health(postgres.dsn, capture.slot), settings)
+        except _EXPECTED_ERRORS as exc:
+            return _not_evaluated(key, redact(str(exc)))
+
+    checks.append(slot_healthy)
+    return checks
+
+
+def _table_checks(tables: Sequence[tuple[str, str]],
+                  settings: MonitorSettings) -> list[dg.AssetChecksDefinition]:
+    @dg.multi_asset_check(
+        name="silver_matches_source", can_subset=True, pool=CAPTURE_POOL,
+        specs=[dg.AssetCheckSpec(
+            MATCHES_SOURCE, asset=silver_key(s, t),
+            description=f"Live rows of silver {s}.{t} agree with the source: row count, "
+            "key checksum and row checksum, compared at the LSN silver reached (keys "
+            "changed since are left out and counted).") for s, t in tables])
+    def silver_matches_source(context: dg.AssetCheckExecutionContext,
+                              postgres: PostgresResource, lakehouse: LakehouseResource,
+                              capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
+        def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
+            report = compare_with_source(postgres.dsn, ctx, capture.slot, capture.publication,
+                                         max_pending_bytes=settings.max_pending_bytes)
+            context.log.info(report.describe())
+            return _consistency_result(key, report)
+
+        yield from _per_table(context, postgres, lakehouse, capture, evaluate)
+
+    @dg.multi_asset_check(
+        name="silver_schema_matches_source", can_subset=True,
+        specs=[dg.AssetCheckSpec(
+            SCHEMA_MATCHES, asset=silver_key(s, t),
+            description=f"The columns of {s}.{t} in the source, typed as silver types them, "
+            "equal the silver Delta schema (added/dropped columns warn, a type change is an "
+            "error).") for s, t in tables])
+    def silver_schema_matches_source(context: dg.AssetCheckExecutionContext,
+                                     postgres: PostgresResource, lakehouse: LakehouseResource,
+                                     capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
+        def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
+            report = compare_schemas(ctx.name, ctx.silver_schema, silver_schema_of(ctx.silver_uri))
+            meta: dict[str, Any] = {
+                "added": ", ".join(report.added), "removed": ", ".join(report.removed),
+                "changed": ", ".join(f"{c}: {a} -> {b}" for c, a, b in report.changed)}
+            return dg.AssetCheckResult(
+                asset_key=key.asset_key, check_name=key.name, passed=report.ok,
+                severity=ERROR if report.changed else WARN, description=report.describe(),
+                metadata=meta)
+
+        yield from _per_table(context, postgres, lakehouse, capture, evaluate)
+
+    @dg.multi_asset_check(
+        name="bronze_lsn_windows", can_subset=True, pool=CAPTURE_POOL,
+        specs=[dg.AssetCheckSpec(
+            LSN_WINDOWS, asset=bronze_key(s, t),
+            description=f"Bronze {s}.{t} has no gap or overlap in LSN windows: window ends "
+            "advance strictly after the snapshot, the app transaction names the last one, "
+            "the capture runs chain end to start, and the slot is where the last run left "
+            "it.") for s, t in tables])
+    def bronze_lsn_windows(context: dg.AssetCheckExecutionContext, postgres: PostgresResource,
+                           lakehouse: LakehouseResource,
+                           capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
+        confirmed: list[Lsn | None] = []
+
+        def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
+            if not confirmed:
+                confirmed.append(slot_health(postgres.dsn, capture.slot).confirmed_flush_lsn)
+            report = WindowReport(ctx.name)
+            commits, _ = bronze_commits(ctx.bronze_uri, settings.history_limit)
+            app = committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id)
+            check_commits(report, commits, app)
+            runs = _runs(context.instance, key.asset_key, settings.history_limit)
+            check_runs(report, runs, confirmed[0])
+            return _windows_result(key, report, confirmed[0])
+
+        yield from _per_table(context, postgres, lakehouse, capture, evaluate)
+
+    return [silver_matches_source, silver_schema_matches_source, bronze_lsn_windows]

@@ -1,0 +1,62 @@
+"""Operations: the ``teardown`` job that drops the slot and publication, after confirmation.
+
+Run it with ``ops: {drop_slot_and_publication: {config: {confirm: "<slot name>"}}}``. It
+never touches the lakehouse: bronze keeps the history and silver the last state. Capture
+resumes only with a new snapshot (the initial_snapshot job: silver is replaced).
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the config/resource annotations.
+
+import dagster as dg
+from pydantic import Field
+
+from assets.capture import CAPTURE_POOL, SLOT_KEY
+from assets.jobs import TEARDOWN
+from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.ops.teardown import check_confirmation, teardown
+from resources import CaptureResource, PostgresResource
+
+
+class TeardownConfig(dg.Config):
+    """Run configuration of the teardown: repeat the slot name to confirm."""
+
+    confirm: str = Field(
+        description="The replication slot's name (PGCDC_SLOT), typed again to confirm that "
+        "slot and publication are to be dropped.")
+    keep_publication: bool = Field(
+        default=False,
+        description="Drop only the slot. The publication is always kept when "
+        "publication.autocreate.mode is 'disabled' (it belongs to the DBA).")
+
+
+@dg.op(pool=CAPTURE_POOL, tags={"pgcdc/operation": "teardown"},
+       description="Drop the replication slot and the publication (after confirmation).")
+def drop_slot_and_publication(context: dg.OpExecutionContext, config: TeardownConfig,
+                              postgres: PostgresResource, capture: CaptureResource) -> None:
+    try:
+        check_confirmation(capture.slot, config.confirm)
+    except ConfigurationError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
+    keep = config.keep_publication or capture.publication_autocreate_mode == "disabled"
+    report = teardown(postgres.dsn, capture.slot, capture.publication, config.confirm,
+                      drop_publication_too=not keep)
+    context.log.warning(
+        f"slot {report.slot!r} {'dropped' if report.slot_dropped else 'did not exist'} "
+        f"(was confirmed at {report.slot_confirmed_lsn}; bronze is complete up to there); "
+        f"publication {report.publication!r} "
+        f"{'dropped' if report.publication_dropped else 'kept'}. The lakehouse is untouched; "
+        "run initial_snapshot to capture again (silver is replaced).")
+    context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
+        "teardown": True,
+        "slot_dropped": report.slot_dropped,
+        "publication_dropped": report.publication_dropped,
+        "last_confirmed_lsn": str(report.slot_confirmed_lsn),
+        "retained_bytes_released": report.retained_bytes_released,
+    }))
+
+
+@dg.job(name=TEARDOWN, executor_def=dg.in_process_executor, tags={"pgcdc/job": TEARDOWN},
+        description="Drop the replication slot and its publication, releasing the WAL the "
+        "slot retains. Needs run config confirm: <slot name>. The lakehouse is not touched.")
+def teardown_job() -> None:
+    drop_slot_and_publication()

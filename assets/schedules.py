@@ -1,0 +1,53 @@
+"""Schedules: the micro-batch every N minutes, and every check once a day.
+
+Both are created STOPPED: starting capture creates a replication slot on the source, and a
+slot retains WAL until it is read or dropped, so turning capture on is a deliberate act
+(UI: Automation, or ``dagster schedule start cdc_microbatch_schedule``). The state then
+persists in the instance.
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the context annotation.
+
+import dagster as dg
+from dagster._utils.schedules import is_valid_cron_schedule
+
+from assets.jobs import MICROBATCH, CaptureJobs, run_in_flight
+from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.ops.settings import ENV, MonitorSettings
+
+MICROBATCH_SCHEDULE = "cdc_microbatch_schedule"
+CHECKS_SCHEDULE = "capture_checks_schedule"
+
+
+def _cron(value: str, env: str) -> str:
+    if not is_valid_cron_schedule(value):
+        raise ConfigurationError(
+            f"{env} = {value!r} is not a cron schedule; write e.g. '*/5 * * * *' (every 5 "
+            "minutes)")
+    return value
+
+
+def build_schedules(jobs: CaptureJobs,
+                    settings: MonitorSettings) -> list[dg.ScheduleDefinition]:
+    """The micro-batch and checks schedules."""
+    cron = _cron(settings.microbatch_cron, ENV["microbatch_cron"])
+
+    @dg.schedule(
+        name=MICROBATCH_SCHEDULE, cron_schedule=cron, job=jobs.microbatch,
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description=f"Run cdc_microbatch on '{cron}' ({ENV['microbatch_cron']}); a tick is "
+        "skipped while a cdc_microbatch run is still queued or running.")
+    def cdc_microbatch_schedule(
+            context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        running = run_in_flight(context.instance, MICROBATCH)
+        if running is not None:
+            return dg.SkipReason(f"cdc_microbatch run {running} is still queued or running")
+        return dg.RunRequest(tags={"pgcdc/trigger": "schedule"})
+
+    checks = dg.ScheduleDefinition(
+        name=CHECKS_SCHEDULE, job=jobs.checks,
+        cron_schedule=_cron(settings.checks_cron, ENV["checks_cron"]),
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description=f"Run every asset check on '{settings.checks_cron}' "
+        f"({ENV['checks_cron']}).")
+    return [cdc_microbatch_schedule, checks]

@@ -1,0 +1,116 @@
+"""Sensors: the slot-lag sensor and the table-discovery sensor.
+
+* ``slot_lag_sensor`` reads ``pg_replication_slots`` and launches ``cdc_microbatch`` as soon
+  as the slot's lag (WAL written since its confirmed position) or the WAL it retains passes a
+  threshold, without waiting for the schedule. The run key is the slot's confirmed LSN, so
+  one position launches at most one run: a run that fails without moving the slot is not
+  retried by the sensor (the schedule, or a manual run, does). The cursor is the WAL
+  position last seen; each time it moves, the slot's lag is recorded as an observation of
+  ``source/replication_slot`` (plotted in the UI).
+* ``table_discovery_sensor`` compares the tables the include list matches now with the
+  captured ones and reports new, unkeyed and vanished tables in its tick (and once in the
+  log). It cannot add assets itself: the user reloads the code location.
+
+Both are created STOPPED (see schedules.py).
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the resource annotations.
+
+import json
+from collections.abc import Sequence
+
+import dagster as dg
+
+from assets.capture import SLOT_KEY
+from assets.jobs import MICROBATCH, CaptureJobs, run_in_flight
+from pgcdc_dagster.ops.discovery import describe, discover
+from pgcdc_dagster.ops.settings import MonitorSettings
+from pgcdc_dagster.ops.slot_health import slot_health
+from resources import CaptureResource, PostgresResource
+from resources.capture import split_list
+
+SLOT_LAG_SENSOR = "slot_lag_sensor"
+DISCOVERY_SENSOR = "table_discovery_sensor"
+
+
+def lag_run_key(slot: str, confirmed: object) -> str:
+    """The run key of a lag-triggered run: one per slot position."""
+    return f"slot-lag:{slot}:{confirmed}"
+
+
+def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
+                  settings: MonitorSettings) -> list[dg.SensorDefinition]:
+    """The slot-lag and table-discovery sensors."""
+
+    @dg.sensor(
+        name=SLOT_LAG_SENSOR, job=jobs.microbatch, minimum_interval_seconds=60,
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Launch cdc_microbatch when the slot's lag reaches "
+        f"{settings.lag_trigger_bytes} bytes (PGCDC_LAG_TRIGGER_BYTES) or its retained WAL "
+        f"{settings.retained_trigger_bytes} bytes (PGCDC_RETAINED_TRIGGER_BYTES); one run "
+        "per confirmed LSN.")
+    def slot_lag_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource,
+                        capture: CaptureResource) -> dg.SensorResult:
+        health = slot_health(postgres.dsn, capture.slot)
+        seen = str(health.current_lsn)
+        events: list[dg.AssetObservation] = []
+        if health.exists and seen != context.cursor:
+            events.append(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
+                "lag_bytes": health.lag_bytes,
+                "retained_bytes": health.retained_bytes,
+                "wal_status": str(health.wal_status),
+                "confirmed_flush_lsn": str(health.confirmed_flush_lsn),
+                "current_lsn": seen,
+            }))
+
+        def skip(reason: str) -> dg.SensorResult:
+            return dg.SensorResult(skip_reason=reason, cursor=seen, asset_events=events)
+
+        if not health.exists:
+            return skip(f"replication slot {capture.slot!r} does not exist: run the "
+                        "initial_snapshot job (this sensor only launches micro-batches)")
+        if health.wal_status == "lost":
+            return skip(f"replication slot {capture.slot!r} is lost (its WAL was removed): "
+                        "run teardown, then initial_snapshot")
+        lag_over = health.lag_bytes >= settings.lag_trigger_bytes
+        retained_over = health.retained_bytes >= settings.retained_trigger_bytes
+        if not (lag_over or retained_over):
+            return skip(f"lag {health.lag_bytes} bytes and retained WAL "
+                        f"{health.retained_bytes} bytes are below the thresholds "
+                        f"({settings.lag_trigger_bytes}, {settings.retained_trigger_bytes})")
+        running = run_in_flight(context.instance, MICROBATCH)
+        if running is not None:
+            return skip(f"lag {health.lag_bytes} bytes, but cdc_microbatch run {running} is "
+                        "still queued or running")
+        reason = "lag" if lag_over else "retained_wal"
+        request = dg.RunRequest(
+            run_key=lag_run_key(capture.slot, health.confirmed_flush_lsn),
+            tags={"pgcdc/trigger": f"slot_lag_sensor:{reason}",
+                  "pgcdc/lag_bytes": str(health.lag_bytes),
+                  "pgcdc/retained_bytes": str(health.retained_bytes),
+                  "pgcdc/confirmed_flush_lsn": str(health.confirmed_flush_lsn)})
+        context.log.info(f"slot {capture.slot!r}: lag {health.lag_bytes} bytes, retained "
+                         f"{health.retained_bytes} bytes: requesting cdc_microbatch")
+        return dg.SensorResult(run_requests=[request], cursor=seen, asset_events=events)
+
+    captured = list(tables)
+
+    @dg.sensor(
+        name=DISCOVERY_SENSOR, minimum_interval_seconds=300,
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Report tables the include list (PGCDC_TABLES) matches that have no "
+        "assets yet, matched tables without a primary key, and captured tables that are "
+        "gone. Reload the code location to pick new tables up.")
+    def table_discovery_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource,
+                               capture: CaptureResource) -> dg.SensorResult:
+        with postgres.get_connection() as conn:
+            report = discover(conn, split_list(capture.tables),
+                              split_list(capture.exclude_tables), captured)
+        state = json.dumps({"new": report.new, "unkeyed": report.unkeyed,
+                            "gone": report.gone}, sort_keys=True)
+        message = describe(report)
+        if report.changed and state != context.cursor:
+            context.log.warning(message)
+        return dg.SensorResult(skip_reason=message, cursor=state)
+
+    return [slot_lag_sensor, table_discovery_sensor]

@@ -1,0 +1,333 @@
+"""Silver against the source: row count, key checksum and row checksum at a known LSN.
+
+Silver reflects the source as of the slot's confirmed position ``C`` (every window up to
+``C`` is in bronze, and silver applied all of bronze). The source is read in a REPEATABLE
+READ snapshot taken at WAL position ``L >= C``. Keys that changed between ``C`` and ``L`` are
+found by peeking the slot up to ``L`` (nothing is consumed) and left out of both sides, so
+the comparison is exact for every other key whatever the write load. Both sides are brought
+to silver's native types by the capture's own converters, then hashed value by value:
+
+* ``rows``: live rows (silver ``WHERE NOT __deleted``);
+* ``key checksum``: sum of 64-bit hashes of the primary-key tuples;
+* ``row checksum``: sum of 64-bit hashes of whole rows (every column both sides have).
+
+The comparison is skipped (``compared`` False, with the reason) when it cannot be exact:
+silver behind bronze, the slot missing or in use, a TRUNCATE pending, or a backlog larger
+than ``max_pending_bytes`` (run the micro-batch first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import psycopg2.errors
+import psycopg2.extensions
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from psycopg2 import sql
+
+from pgcdc_dagster.capture.tables import TableContext
+from pgcdc_dagster.cdc.changes import TableChanges
+from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.cdc.typeconv import ColumnConverter
+from pgcdc_dagster.exceptions import SlotInUseError
+from pgcdc_dagster.lake.delta import committed_version, open_table
+from pgcdc_dagster.postgres.connection import connect, connection
+from pgcdc_dagster.postgres.peek import peek_window
+from pgcdc_dagster.postgres.slot import slot_info
+from pgcdc_dagster.postgres.snapshot_read import read_text_batches
+
+_MASK = (1 << 64) - 1
+SAMPLE = 5
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass
+class Digest:
+    """Count and order-independent checksums of one side."""
+
+    rows: int = 0
+    key_checksum: int = 0
+    row_checksum: int = 0
+    excluded: int = 0
+    """Rows left out because their key changed after the compared LSN."""
+    rows_by_key: dict[str, int] | None = field(default_factory=dict)
+    """Row hash per key while the table is small enough to name differences."""
+
+    def add(self, key: str, row: str, keep_limit: int) -> None:
+        self.rows += 1
+        self.key_checksum = (self.key_checksum + _hash(key)) & _MASK
+        row_hash = _hash(row)
+        self.row_checksum = (self.row_checksum + row_hash) & _MASK
+        if self.rows_by_key is not None:
+            if len(self.rows_by_key) >= keep_limit:
+                self.rows_by_key = None
+            else:
+                self.rows_by_key[key] = row_hash
+
+
+@dataclass
+class ConsistencyReport:
+    """Outcome of comparing one table's silver with its source."""
+
+    table: str
+    compared: bool = False
+    reason: str = ""
+    silver_lsn: Lsn | None = None
+    """The slot's confirmed position: silver holds every change up to it."""
+    source_lsn: Lsn | None = None
+    """WAL position of the source snapshot compared."""
+    silver_version: int | None = None
+    bronze_version: int | None = None
+    pending_events: int = 0
+    """Events of this table between ``silver_lsn`` and ``source_lsn``."""
+    excluded_keys: int = 0
+    columns: list[str] = field(default_factory=list)
+    skipped_columns: list[str] = field(default_factory=list)
+    source: Digest = field(default_factory=Digest)
+    silver: Digest = field(default_factory=Digest)
+    missing: list[str] = field(default_factory=list)
+    """Sample of keys in the source but not in silver."""
+    extra: list[str] = field(default_factory=list)
+    """Sample of keys in silver but not in the source."""
+    different: list[str] = field(default_factory=list)
+    """Sample of keys whose row differs."""
+
+    @property
+    def rows_match(self) -> bool:
+        return self.source.rows == self.silver.rows
+
+    @property
+    def keys_match(self) -> bool:
+        return self.source.key_checksum == self.silver.key_checksum
+
+    @property
+    def values_match(self) -> bool:
+        return self.source.row_checksum == self.silver.row_checksum
+
+    @property
+    def ok(self) -> bool:
+        return self.compared and self.rows_match and self.keys_match and self.values_match
+
+    def describe(self) -> str:
+        if not self.compared:
+            return f"{self.table}: not compared: {self.reason}"
+        where = (f"source at {self.source_lsn}, silver at {self.silver_lsn}"
+                 + (f", {self.excluded_keys} keys changed in between left out"
+                    if self.excluded_keys else ""))
+        if self.ok:
+            return f"{self.table}: silver matches the source ({self.source.rows} rows; {where})"
+        parts = []
+        if not self.rows_match:
+            parts.append(f"rows: source {self.source.rows}, silver {self.silver.rows}")
+        if not self.keys_match:
+            parts.append("key checksums differ")
+        if not self.values_match:
+            parts.append("row checksums differ")
+        for label, sample in (("missing in silver", self.missing),
+                              ("not in the source", self.extra),
+                              ("values differ", self.different)):
+            if sample:
+                parts.append(f"{label}: {', '.join(sample)}")
+        return f"{self.table}: silver differs from the source ({'; '.join(parts)}; {where})"
+
+
+def _key_images(seg: TableChanges, keys: Sequence[str]) -> Iterator[tuple[object, ...]]:
+    """Key values (text bytes or None) of every row image of the segment."""
+    names = [c.name for c in seg.relation.columns]
+    if any(k not in names for k in keys):
+        return
+    pos = [names.index(k) for k in keys]
+    for before, after in zip(seg.before, seg.after, strict=True):
+        for image in (before, after):
+            if image is not None:
+                yield tuple(image[p] for p in pos)
+
+
+def _convert(convs: Sequence[ColumnConverter], targets: Sequence[pa.DataType],
+             texts: Sequence[Sequence[str | None]]) -> list[pa.Array]:
+    return [conv.to_silver(pa.array(list(col), pa.string())).cast(typ)
+            for conv, typ, col in zip(convs, targets, texts, strict=True)]
+
+
+def _rows(arrays: Sequence[pa.Array] | Sequence[pa.ChunkedArray]) -> Iterable[tuple[object, ...]]:
+    return zip(*(a.to_pylist() for a in arrays), strict=True)
+
+
+def _wait_flushed(conn: psycopg2.extensions.connection, lsn: Lsn, timeout_s: float) -> bool:
+    """Logical decoding reads flushed WAL only (commits may be visible before the flush)."""
+    deadline = time.monotonic() + timeout_s
+    with conn.cursor() as cur:
+        while True:
+            cur.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (str(lsn),))
+            if cur.fetchone()[0]:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+
+
+class _Comparison:
+    def __init__(self, ctx: TableContext, report: ConsistencyReport, target: pa.Schema,
+                 convs: Sequence[ColumnConverter], keep_limit: int) -> None:
+        self.ctx = ctx
+        self.report = report
+        self.target = target
+        self.convs = convs
+        self.names = target.names
+        self.key_pos = [self.names.index(k) for k in ctx.relation.key_names]
+        self.keep_limit = keep_limit
+        self.touched: set[str] = set()
+
+    def key_repr(self, row: Sequence[object]) -> str:
+        return repr(tuple(row[i] for i in self.key_pos))
+
+    def exclude(self, images: Sequence[tuple[object, ...]]) -> None:
+        if not images:
+            return
+        key_convs = [self.convs[i] for i in self.key_pos]
+        key_types = [self.target.field(i).type for i in self.key_pos]
+        texts: list[list[str | None]] = [[] for _ in self.key_pos]
+        for image in images:
+            if not all(v is None or isinstance(v, bytes) for v in image):
+                continue  # an unchanged TOAST key value: the other image names the key
+            for col, value in zip(texts, image, strict=True):
+                col.append(value.decode() if isinstance(value, bytes) else None)
+        for key in _rows(_convert(key_convs, key_types, texts)):
+            self.touched.add(repr(key))
+        self.report.excluded_keys = len(self.touched)
+
+    def digest(self, side: Digest, batch: pa.RecordBatch | pa.Table) -> None:
+        for row in _rows([batch.column(i) for i in range(batch.num_columns)]):
+            key = self.key_repr(row)
+            if key in self.touched:
+                side.excluded += 1
+                continue
+            side.add(key, repr(row), self.keep_limit)
+
+    def source_batch(self, text: pa.RecordBatch) -> pa.Table:
+        arrays = [conv.to_silver(text.column(i)).cast(self.target.field(i).type)
+                  for i, conv in enumerate(self.convs)]
+        return pa.Table.from_arrays(arrays, schema=self.target)
+
+
+def _samples(report: ConsistencyReport) -> None:
+    src, dst = report.source.rows_by_key, report.silver.rows_by_key
+    if src is None or dst is None:
+        return
+    report.missing = sorted(k for k in src if k not in dst)[:SAMPLE]
+    report.extra = sorted(k for k in dst if k not in src)[:SAMPLE]
+    report.different = sorted(k for k in src if k in dst and src[k] != dst[k])[:SAMPLE]
+
+
+def compare_with_source(dsn: str, ctx: TableContext, slot: str, publication: str, *,
+                        max_pending_bytes: int = 256 << 20, keep_limit: int = 200_000,
+                        flush_timeout_s: float = 30.0) -> ConsistencyReport:
+    """Compare the table's silver with the source (see the module docstring)."""
+    report = ConsistencyReport(ctx.name)
+    bronze, silver = open_table(ctx.bronze_uri), open_table(ctx.silver_uri)
+    if bronze is None or silver is None:
+        report.reason = "bronze or silver does not exist yet: run the initial_snapshot job"
+        return report
+    applied = committed_version(silver, ctx.silver_app_id)
+    report.bronze_version = bronze.version()
+    if applied is None or applied < report.bronze_version:
+        report.reason = (f"silver applied bronze up to version {applied}, bronze is at "
+                         f"{report.bronze_version}: materialize silver first")
+        return report
+    report.silver_version = silver.version()
+    silver_schema = pa.schema(silver.schema().to_arrow())
+    by_name = {c.name: conv for c, conv in zip(ctx.relation.columns, ctx.converters,
+                                                strict=True)}
+    fields, convs = [], []
+    for name, conv in by_name.items():
+        if name not in silver_schema.names:
+            report.skipped_columns.append(name)
+            continue
+        typ = silver_schema.field(name).type
+        try:
+            pa.array([], conv.silver_field.type).cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            report.skipped_columns.append(name)
+            continue
+        fields.append(pa.field(name, typ))
+        convs.append(conv)
+    target = pa.schema(fields)
+    missing_keys = [k for k in ctx.relation.key_names if k not in target.names]
+    if missing_keys:
+        report.reason = f"key columns {missing_keys} cannot be compared (schema drift)"
+        return report
+    report.columns = list(target.names)
+    cmp = _Comparison(ctx, report, target, convs, keep_limit)
+    with connection(dsn) as conn:
+        info = slot_info(conn, slot)
+        if info is None or info.confirmed_flush_lsn is None:
+            report.reason = f"replication slot {slot!r} does not exist or is invalidated"
+            return report
+        if info.active:
+            report.reason = f"replication slot {slot!r} is in use (pid {info.active_pid}); retry"
+            return report
+        report.silver_lsn = info.confirmed_flush_lsn
+        now_bronze, now_silver = open_table(ctx.bronze_uri), open_table(ctx.silver_uri)
+        if now_bronze is None or now_silver is None or \
+                now_bronze.version() != report.bronze_version or \
+                now_silver.version() != report.silver_version:
+            report.reason = "bronze or silver changed during the check (a run was capturing); retry"
+            return report
+        snap = connect(dsn, autocommit=False, application_name="pgcdc_dagster check")
+        try:
+            with snap.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute("SELECT pg_export_snapshot(), pg_current_wal_insert_lsn()::text")
+                snapshot_name, insert_lsn = cur.fetchone()
+            report.source_lsn = Lsn.parse(insert_lsn)
+            backlog = int(report.source_lsn) - int(report.silver_lsn)
+            if backlog > max_pending_bytes:
+                report.reason = (f"the slot is {backlog} bytes behind the source (limit "
+                                 f"{max_pending_bytes}): run cdc_microbatch, then the check")
+                return report
+            if not _wait_flushed(conn, report.source_lsn, flush_timeout_s):
+                report.reason = f"WAL up to {report.source_lsn} was not flushed in time"
+                return report
+            try:
+                window = peek_window(conn, slot, publication, report.source_lsn)
+            except (psycopg2.errors.ObjectInUse, SlotInUseError) as exc:
+                report.reason = f"replication slot {slot!r} is in use: {exc}"
+                return report
+            after = slot_info(conn, slot)
+            if after is None or after.confirmed_flush_lsn != report.silver_lsn:
+                report.reason = "the slot moved during the check (a run was capturing); retry"
+                return report
+            images: list[tuple[object, ...]] = []
+            for seg in window.tables.get(ctx.relation.qualified, []):
+                report.pending_events += len(seg)
+                if "t" in seg.op:
+                    report.reason = (f"a TRUNCATE of {ctx.name} is pending in the slot: run "
+                                     "cdc_microbatch, then the check")
+                    return report
+                images.extend(_key_images(seg, ctx.relation.key_names))
+            cmp.exclude(images)
+            cols = report.columns
+            query = sql.SQL("SELECT {} FROM {}").format(
+                sql.SQL(", ").join(sql.Identifier(c) for c in cols),
+                sql.Identifier(ctx.relation.namespace, ctx.relation.name))
+            for text in read_text_batches(dsn, snapshot_name, query, cols):
+                cmp.digest(report.source, cmp.source_batch(text))
+        finally:
+            snap.rollback()
+            snap.close()
+    pinned = DeltaTable(ctx.silver_uri, version=report.silver_version)
+    dataset = pinned.to_pyarrow_dataset()
+    for batch in dataset.to_batches(columns=report.columns, filter=~pc.field("__deleted")):
+        cmp.digest(report.silver, batch.cast(target))
+    report.compared = True
+    _samples(report)
+    return report
+

@@ -1,0 +1,78 @@
+"""Sizes and versions of Delta tables, for materialization metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from pgcdc_dagster.lake.delta import open_table
+
+
+@dataclass(frozen=True, slots=True)
+class TableStats:
+    """A Delta table at one version: files, bytes and rows of its current snapshot."""
+
+    version: int | None
+    files: int = 0
+    bytes: int = 0
+    rows: int = 0
+    paths: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """What the commits after a version added (files that are new in the later snapshot)."""
+
+    files: int
+    bytes: int
+    rows: int
+
+
+def table_stats(uri: str, version: int | None = None) -> TableStats:
+    """Version, file count, bytes and rows (from the log's statistics) of the table now, or at
+    ``version`` (an empty reading when the table, or that version, does not exist)."""
+    table = open_table(uri)
+    if table is None:
+        return TableStats(None)
+    if version is not None and version != table.version():
+        try:
+            table = DeltaTable(uri, version=version)
+        except Exception:  # vacuumed or recreated: nothing to compare with
+            return TableStats(None)
+    adds = pa.table(table.get_add_actions(flatten=True))
+    rows = adds.column("num_records").to_pylist() if adds.num_rows else []
+    return TableStats(
+        version=table.version(),
+        files=adds.num_rows,
+        bytes=int(pc.sum(adds.column("size_bytes")).as_py() or 0) if adds.num_rows else 0,
+        rows=sum(int(r or 0) for r in rows),
+        paths=frozenset(adds.column("path").to_pylist()) if adds.num_rows else frozenset(),
+    )
+
+
+def growth(before: TableStats, after: TableStats, uri: str) -> Growth:
+    """Files, bytes and rows the table gained between two readings (rewrites count too)."""
+    if after.version is None or before.version == after.version:
+        return Growth(0, 0, 0)
+    table = DeltaTable(uri, version=after.version)
+    adds = pa.table(table.get_add_actions(flatten=True))
+    new = [i for i, p in enumerate(adds.column("path").to_pylist()) if p not in before.paths]
+    if not new:
+        return Growth(0, 0, 0)
+    picked = adds.take(pa.array(new, pa.int64()))
+    return Growth(
+        files=len(new),
+        bytes=int(pc.sum(picked.column("size_bytes")).as_py() or 0),
+        rows=sum(int(r or 0) for r in picked.column("num_records").to_pylist()),
+    )
+
+
+def live_row_count(uri: str) -> int | None:
+    """Rows of a silver table that are not tombstones (``WHERE NOT __deleted``)."""
+    table = open_table(uri)
+    if table is None:
+        return None
+    return int(table.to_pyarrow_dataset().count_rows(filter=~pc.field("__deleted")))

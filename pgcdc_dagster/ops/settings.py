@@ -1,0 +1,91 @@
+"""Monitoring settings: schedule interval, lag trigger and check thresholds.
+
+Read from the environment by the Dagster definitions' loader (never at import).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.ops.slot_health import SlotThresholds
+
+ENV = {
+    "microbatch_cron": "PGCDC_MICROBATCH_CRON",
+    "checks_cron": "PGCDC_CHECKS_CRON",
+    "lag_trigger_bytes": "PGCDC_LAG_TRIGGER_BYTES",
+    "retained_trigger_bytes": "PGCDC_RETAINED_TRIGGER_BYTES",
+    "max_lag_bytes": "PGCDC_SLOT_MAX_LAG_BYTES",
+    "max_retained_bytes": "PGCDC_SLOT_MAX_RETAINED_BYTES",
+    "owners": "PGCDC_OWNERS",
+}
+
+_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
+
+
+def parse_bytes(text: str, name: str) -> int:
+    """``'64MB'``, ``'1gb'``, ``'1048576'`` -> bytes (binary units, as PostgreSQL's)."""
+    raw = text.strip().lower().replace(" ", "")
+    digits = raw.rstrip("kmgtb")
+    unit = raw[len(digits):]
+    if not digits.isdigit() or unit not in _UNITS:
+        raise ConfigurationError(
+            f"{name} = {text!r} is not a size; write e.g. 67108864, 64MB or 1GB")
+    return int(digits) * _UNITS[unit]
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """How often to capture, when to capture early, and what counts as unhealthy."""
+
+    microbatch_cron: str = "*/5 * * * *"
+    """Cron of the cdc_microbatch schedule (``PGCDC_MICROBATCH_CRON``)."""
+    checks_cron: str = "0 3 * * *"
+    """Cron of the capture_checks schedule (``PGCDC_CHECKS_CRON``)."""
+    lag_trigger_bytes: int = 64 << 20
+    """The slot-lag sensor launches cdc_microbatch when the slot's lag (WAL written since its
+    confirmed position) reaches this (``PGCDC_LAG_TRIGGER_BYTES``)."""
+    retained_trigger_bytes: int = 1 << 30
+    """... or when the WAL it retains reaches this (``PGCDC_RETAINED_TRIGGER_BYTES``)."""
+    slot: SlotThresholds = field(default_factory=SlotThresholds)
+    """Limits of the slot_healthy check (``PGCDC_SLOT_MAX_LAG_BYTES``,
+    ``PGCDC_SLOT_MAX_RETAINED_BYTES``)."""
+    max_pending_bytes: int = 256 << 20
+    """The silver check compares only when the slot is at most this far behind."""
+    history_limit: int = 200
+    """Bronze commits and capture runs the LSN-window check looks back over."""
+    owners: tuple[str, ...] = ("team:pgcdc",)
+    """Owners of the assets (``PGCDC_OWNERS``: comma-separated emails or ``team:name``)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> MonitorSettings:
+        """Defaults overridden by the ``PGCDC_*`` variables that are set."""
+        def get(key: str) -> str | None:
+            value = environ.get(ENV[key], "").strip()
+            return value or None
+
+        base = cls()
+        slot = SlotThresholds(
+            max_lag_bytes=_size(get("max_lag_bytes"), ENV["max_lag_bytes"],
+                                base.slot.max_lag_bytes),
+            max_retained_bytes=_size(get("max_retained_bytes"), ENV["max_retained_bytes"],
+                                     base.slot.max_retained_bytes),
+        )
+        owners = get("owners")
+        return cls(
+            microbatch_cron=get("microbatch_cron") or base.microbatch_cron,
+            checks_cron=get("checks_cron") or base.checks_cron,
+            lag_trigger_bytes=_size(get("lag_trigger_bytes"), ENV["lag_trigger_bytes"],
+                                    base.lag_trigger_bytes),
+            retained_trigger_bytes=_size(get("retained_trigger_bytes"),
+                                         ENV["retained_trigger_bytes"],
+                                         base.retained_trigger_bytes),
+            slot=slot,
+            owners=tuple(o.strip() for o in owners.split(",") if o.strip())
+            if owners else base.owners,
+        )
+
+
+def _size(value: str | None, name: str, default: int) -> int:
+    return default if value is None else parse_bytes(value, name)

@@ -1,0 +1,220 @@
+"""Asset checks and materialization metadata, through real jobs on PostgreSQL, Spark, Delta."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+from deltalake import DeltaTable
+
+from pgcdc_dagster.definitions import build_definitions
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.ops.settings import MonitorSettings
+from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+
+pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
+
+TABLES = [("public", "items"), ("public", "tags")]
+SETUP = """
+CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(8,2), seen timestamptz);
+CREATE TABLE tags (item_id int, tag text, weight bigint, PRIMARY KEY (item_id, tag));
+INSERT INTO items SELECT g, 'item ' || g, g * 0.5, now() FROM generate_series(1, 200) g;
+INSERT INTO tags SELECT g, 't' || (g % 5), g FROM generate_series(1, 100) g;
+"""
+CHANGES = """
+UPDATE items SET price = price + 1 WHERE id <= 50;
+DELETE FROM items WHERE id > 190;
+INSERT INTO items VALUES (1000, 'new', 9.99, now());
+DELETE FROM tags WHERE item_id <= 10;
+INSERT INTO tags VALUES (1000, 'fresh', -1);
+"""
+
+
+@pytest.fixture
+def capture(pg_dsn, pg_conn, spark, lakehouse):
+    """Tables created, definitions built, one instance shared by the test's runs."""
+    with pg_conn.cursor() as cur:
+        # Commits are flushed before they return, so a run started right after sees them.
+        cur.execute("SET synchronous_commit = on")
+        cur.execute(SETUP)
+    definitions = build_definitions(TABLES, {
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "lakehouse": LakehouseResource(root=str(lakehouse)),
+        "capture": CaptureResource(tables="public\\..*", slot="dg_checks",
+                                   publication="dg_checks"),
+        "spark": SparkResource(),
+    }, settings=MonitorSettings())
+    with dg.instance_for_test() as instance:
+        yield definitions, instance, str(lakehouse)
+
+
+def run(definitions: dg.Definitions, instance: dg.DagsterInstance,
+        job: str) -> dg.ExecuteInProcessResult:
+    result = definitions.resolve_job_def(job).execute_in_process(instance=instance)
+    assert result.success
+    return result
+
+
+def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict]:
+    out = {}
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization  # type: ignore[union-attr]
+        out["/".join(mat.asset_key.path)] = {k: v.value for k, v in mat.metadata.items()}
+    return out
+
+
+def checks(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
+    return {f"{'/'.join(e.asset_key.path)}:{e.check_name}": e
+            for e in result.get_asset_check_evaluations()}
+
+
+def assert_passed(evaluations: dict[str, dg.AssetCheckEvaluation]) -> None:
+    failed = {k: e.description for k, e in evaluations.items() if not e.passed}
+    assert not failed, failed
+
+
+def test_runs_carry_metadata_and_light_checks_pass(capture, pg_conn) -> None:
+    definitions, instance, lakehouse = capture
+    result = run(definitions, instance, "initial_snapshot")
+    mats = materializations(result)
+    items = mats["bronze/public/items"]
+    assert items["capture_kind"] == "snapshot+stream"
+    assert items["events_r"] == 200 and items["events"] == 200
+    assert items["rows_written"] == 200 and items["dagster/row_count"] == 200
+    assert items["bytes_written"] > 0 and items["files_written"] >= 1
+    assert items["lsn_start"] == items["snapshot_lsn"]
+    assert items["duration_s"] > 0 and items["rows_per_s"] > 0
+    assert items["delta_version"] >= 1 and isinstance(items["slot_lag_bytes"], int)
+    assert items["wal_status"] == "reserved"
+    bronze_cols = {c.name for c in items["dagster/column_schema"].columns}
+    assert {"key", "before", "after", "source", "op", "transaction"} <= bronze_cols
+    silver = mats["silver/public/items"]
+    assert silver["capture_kind"] == "snapshot"
+    assert silver["dagster/row_count"] == 200 and silver["rows_written"] == 200
+    assert silver["lsn_end"] == items["snapshot_lsn"]
+    columns = {c.name: c for c in silver["dagster/column_schema"].columns}
+    assert columns["id"].constraints.other == ["primary key"]
+    assert columns["id"].constraints.nullable is False
+    assert columns["price"].type == "decimal128(8, 2)"
+    assert "numeric" in columns["price"].description
+    assert "__deleted" in columns
+    evaluations = checks(result)
+    assert set(evaluations) == {
+        "bronze/public/items:lsn_windows_contiguous", "bronze/public/tags:lsn_windows_contiguous",
+        "silver/public/items:schema_matches_source", "silver/public/tags:schema_matches_source",
+        "source/replication_slot:slot_healthy"}
+    assert_passed(evaluations)
+
+    with pg_conn.cursor() as cur:
+        cur.execute(CHANGES)
+    result = run(definitions, instance, "cdc_microbatch")
+    mats = materializations(result)
+    items = mats["bronze/public/items"]
+    assert items["capture_kind"] == "stream"
+    assert (items["events_c"], items["events_u"], items["events_d"], items["events_r"]) == \
+        (1, 50, 10, 0)
+    assert items["rows_written"] == 61 and items["dagster/row_count"] == 261
+    assert items["lsn_start"] != items["lsn_end"] and items["windows"] >= 1
+    silver = mats["silver/public/items"]
+    assert silver["capture_kind"] == "stream" and silver["events"] == 61
+    assert silver["dagster/row_count"] == 191
+    assert silver["lsn_end"] == items["lsn_end"]
+    uri = table_uri(lakehouse, "silver", "public", "items")
+    assert silver["dagster/uri"] == uri
+    assert silver["delta_version"] == DeltaTable(uri).version()
+    window = checks(result)["bronze/public/items:lsn_windows_contiguous"]
+    assert window.passed and window.metadata["runs_checked"].value == 2
+    assert window.metadata["covered_to"].value == items["lsn_end"]
+    assert_passed(checks(result))
+
+
+def test_silver_check_compares_at_the_silver_lsn_and_catches_tampering(capture,
+                                                                       pg_conn) -> None:
+    definitions, instance, lakehouse = capture
+    run(definitions, instance, "initial_snapshot")
+    with pg_conn.cursor() as cur:
+        cur.execute(CHANGES)
+    run(definitions, instance, "cdc_microbatch")
+    result = run(definitions, instance, "capture_checks")
+    evaluations = checks(result)
+    assert_passed(evaluations)
+    ok = evaluations["silver/public/items:matches_source"]
+    assert ok.metadata["compared"].value is True
+    assert ok.metadata["source_rows"].value == ok.metadata["silver_rows"].value == 191
+    assert ok.metadata["source_key_checksum"].value == ok.metadata["silver_key_checksum"].value
+
+    # Changes the slot still holds: those keys are left out, the rest is compared exactly.
+    with pg_conn.cursor() as cur:
+        cur.execute("UPDATE items SET name = 'pending' WHERE id IN (20, 21)")
+        cur.execute("INSERT INTO items VALUES (2000, 'pending', 1, now())")
+    evaluations = checks(run(definitions, instance, "capture_checks"))
+    pending = evaluations["silver/public/items:matches_source"]
+    assert pending.passed, pending.description
+    assert pending.metadata["pending_events"].value == 3
+    assert pending.metadata["excluded_keys"].value == 3
+    assert pending.metadata["source_rows"].value == pending.metadata["silver_rows"].value == 189
+
+    uri = table_uri(lakehouse, "silver", "public", "items")
+    DeltaTable(uri).delete("id = 7")
+    failed = checks(run(definitions, instance, "capture_checks"))
+    deleted = failed["silver/public/items:matches_source"]
+    assert not deleted.passed and deleted.severity == dg.AssetCheckSeverity.ERROR
+    assert deleted.metadata["silver_rows"].value == deleted.metadata["source_rows"].value - 1
+    assert deleted.metadata["missing_in_silver"].value == "(7,)"
+    assert "rows: source 189, silver 188" in deleted.description
+    assert failed["silver/public/tags:matches_source"].passed
+
+    DeltaTable(uri).update(predicate="id = 8", updates={"name": "'tampered'"})
+    modified = checks(run(definitions, instance, "capture_checks"))[
+        "silver/public/items:matches_source"]
+    assert not modified.passed
+    assert modified.metadata["values_differ"].value == "(8,)"
+    assert "row checksums differ" in modified.description
+
+
+def test_lsn_window_check_detects_wal_read_outside_the_pipeline(capture, pg_conn) -> None:
+    definitions, instance, _ = capture
+    run(definitions, instance, "initial_snapshot")
+    with pg_conn.cursor() as cur:
+        cur.execute("UPDATE items SET name = 'lost' WHERE id = 1")
+        # Someone consumes the slot by hand: this update never reaches bronze.
+        cur.execute("SELECT pg_replication_slot_advance('dg_checks', pg_current_wal_flush_lsn())")
+    result = run(definitions, instance, "capture_checks")
+    gap = checks(result)["bronze/public/items:lsn_windows_contiguous"]
+    assert not gap.passed
+    assert "consumed outside the pipeline" in gap.description
+
+    with pg_conn.cursor() as cur:
+        cur.execute("UPDATE items SET name = 'kept' WHERE id = 2")
+    result = run(definitions, instance, "cdc_microbatch")
+    gap = checks(result)["bronze/public/items:lsn_windows_contiguous"]
+    assert not gap.passed
+    assert "was never read" in gap.description
+    assert gap.metadata["runs_checked"].value == 2
+
+
+def test_schema_drift_is_reported(capture, pg_conn) -> None:
+    definitions, instance, _ = capture
+    run(definitions, instance, "initial_snapshot")
+    with pg_conn.cursor() as cur:
+        cur.execute("ALTER TABLE items ADD COLUMN note text")
+        cur.execute("ALTER TABLE tags ALTER COLUMN weight TYPE numeric(10,1)")
+    evaluations = checks(run(definitions, instance, "capture_checks"))
+    added = evaluations["silver/public/items:schema_matches_source"]
+    assert not added.passed and added.severity == dg.AssetCheckSeverity.WARN
+    assert added.metadata["added"].value == "note"
+    changed = evaluations["silver/public/tags:schema_matches_source"]
+    assert not changed.passed and changed.severity == dg.AssetCheckSeverity.ERROR
+    assert changed.metadata["changed"].value == "weight: int64 -> decimal128(10, 1)"
+    # Columns both sides have are still compared.
+    assert evaluations["silver/public/items:matches_source"].passed
+
+
+def test_slot_health_check_fails_without_a_slot(capture) -> None:
+    definitions, instance, _ = capture
+    evaluations = checks(run(definitions, instance, "capture_checks"))
+    slot = evaluations["source/replication_slot:slot_healthy"]
+    assert not slot.passed and slot.severity == dg.AssetCheckSeverity.ERROR
+    assert "does not exist" in slot.description
+    silver = evaluations["silver/public/items:matches_source"]
+    assert not silver.passed and silver.severity == dg.AssetCheckSeverity.WARN
+    assert "initial_snapshot" in silver.description
