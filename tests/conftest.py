@@ -80,7 +80,7 @@ def pg_conn(pg_dsn: str) -> Iterator[psycopg2.extensions.connection]:
 
 
 @pytest.fixture(scope="session")
-def spark():  # noqa: ANN201 - pyspark types are imported lazily
+def spark():
     """One local[2] Spark session for the whole test session."""
     from pgcdc_dagster.spark.session import build_session
 

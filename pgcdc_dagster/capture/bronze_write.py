@@ -38,6 +38,7 @@ from pgcdc_dagster.lake.delta import (
     open_table,
     write_part,
 )
+from pgcdc_dagster.lake.evolution import evolve
 from pgcdc_dagster.lake.paths import table_uri
 
 SKIPPABLE_OPS = frozenset("cudt")
@@ -98,6 +99,7 @@ class _Pending:
     ctx: TableContext
     done: int | None
     files: list[DataFile] = field(default_factory=list)
+    schemas: list[pa.Schema] = field(default_factory=list)
     ops: dict[str, int] = field(default_factory=dict)
 
 
@@ -157,13 +159,16 @@ class BronzeWindowWriter:
                     tables.append(bronze_from_changes(
                         seg, self.converters(seg.relation), self.ident, now_ms,
                         tombstones=self.tombstones_on_delete))
-            if not tables:
-                continue
-            data = pa.concat_tables(tables, promote_options="permissive")
-            ensure_table(pending.ctx.bronze_uri, data.schema)
-            pending.files.append(write_part(pending.ctx.bronze_uri, data, "part-stream"))
-            for op in data.column("op").to_pylist():
-                pending.ops[str(op)] = pending.ops.get(str(op), 0) + 1
+            groups: dict[pa.Schema, list[pa.Table]] = {}
+            for table in tables:
+                groups.setdefault(table.schema, []).append(table)
+            ensure_table(pending.ctx.bronze_uri, tables[0].schema)
+            for schema, same in groups.items():
+                data = pa.concat_tables(same)
+                pending.files.append(write_part(pending.ctx.bronze_uri, data, "part-stream"))
+                pending.schemas.append(schema)
+                for op in data.column("op").to_pylist():
+                    pending.ops[str(op)] = pending.ops.get(str(op), 0) + 1
         done_msgs = self._meta_committed("messages") if window.messages else None
         msgs = [m for m in window.messages
                 if not m.prefix.startswith(self.ignore_message_prefixes)
@@ -184,7 +189,10 @@ class BronzeWindowWriter:
             if not pending.files:
                 continue
             table = ensure_table(pending.ctx.bronze_uri, pending.ctx.bronze_schema)
-            commit_files(table, pending.files, table.schema().to_arrow(), mode="append",
+            schema = pa.schema(table.schema().to_arrow())
+            for incoming in pending.schemas:
+                schema = evolve(table, incoming, f"bronze of {pending.ctx.name}")
+            commit_files(table, pending.files, schema, mode="append",
                          app_id=pending.ctx.bronze_app_id, version=int(upto), metadata=meta)
             counts[pending.ctx.name] = dict(pending.ops)
         for name, schema, parts in (("messages", MESSAGES_SCHEMA, self._messages),

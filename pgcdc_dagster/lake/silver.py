@@ -20,6 +20,7 @@ from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.silver_values import from_bronze
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.delta import commit_properties, ensure_table
+from pgcdc_dagster.lake.evolution import evolve
 
 META_FIELDS = (
     pa.field("__op", pa.string(), nullable=False),
@@ -57,7 +58,12 @@ def silver_from_images(image: pa.StructArray, op: pa.Array, meta: dict[str, pa.A
     """Silver rows from bronze images (after, or before for deletes) and event metadata."""
     schema = silver_schema(relation, converters)
     children = dict(zip([f.name for f in image.type], image.flatten(), strict=True))
-    columns = [from_bronze(conv, children[conv.bronze_field.name]) for conv in converters]
+    n = len(image)
+    columns = [
+        from_bronze(conv, children[conv.bronze_field.name])
+        if conv.bronze_field.name in children
+        else pa.nulls(n, conv.silver_field.type)  # column added after these events
+        for conv in converters]
     deleted = pc.equal(op, "d")
     return pa.Table.from_arrays([
         *columns, op, meta["__lsn"], meta["__commit_lsn"], meta["__ordinal"],
@@ -76,6 +82,7 @@ def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation
     value of columns listed in ``__toast_unchanged``, and inserts new keys.
     """
     table = ensure_table(uri, rows.schema)
+    evolve(table, rows.schema, f"silver {uri}")
     counts = {"deleted_by_truncate": 0, "inserted": 0, "updated": 0}
     props = commit_properties(app_id, version, metadata)
     if truncate_seq is not None:
@@ -105,7 +112,7 @@ def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation
     inserts = {_q(n): f"s.{_q(n)}" for n in rows.column_names}
     result = (
         table.merge(source, predicate=predicate, source_alias="s", target_alias="t",
-                    commit_properties=props)
+                    merge_schema=True, commit_properties=props)
         .when_matched_update(updates=updates, predicate=_SEQ_NEWER)
         .when_not_matched_insert(updates=inserts)
         .execute()

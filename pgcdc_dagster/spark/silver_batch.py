@@ -43,7 +43,8 @@ def prepare(spark: SparkSession, files: Sequence[str], key_columns: Sequence[str
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    bronze: DataFrame = spark.read.parquet(*files)
+    # Files written before and after a schema change differ: merge their schemas.
+    bronze: DataFrame = spark.read.option("mergeSchema", "true").parquet(*files)
     events = bronze.count()
     trunc = (bronze.where(F.col("op") == "t")
              .agg(F.max(F.struct(*_seq())).alias("m")).collect()[0]["m"])

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from pgcdc_dagster.capture.silver_apply import apply_silver
 from pgcdc_dagster.capture.bronze_write import write_window
+from pgcdc_dagster.capture.silver_apply import apply_silver
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Column, Relation, TableChanges, Window
 from pgcdc_dagster.cdc.envelope import SourceIdentity
