@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.changes import Relation, TableChanges, Window
 from pgcdc_dagster.cdc.envelope import SourceIdentity, bronze_from_changes
@@ -194,6 +195,7 @@ class BronzeWindowWriter:
                 schema = evolve(table, incoming, f"bronze of {pending.ctx.name}")
             commit_files(table, pending.files, schema, mode="append",
                          app_id=pending.ctx.bronze_app_id, version=int(upto), metadata=meta)
+            crash_point("between_table_commits")
             counts[pending.ctx.name] = dict(pending.ops)
         for name, schema, parts in (("messages", MESSAGES_SCHEMA, self._messages),
                                     ("transactions", TRANSACTIONS_SCHEMA, self._transactions)):

@@ -7,6 +7,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
 from pgcdc_dagster.capture.snapshot import SnapshotReport, load_contexts, run_initial_snapshot
@@ -87,4 +88,8 @@ def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot
 def run_silver(settings: CaptureSettings, spark: SparkSession,
                only: Collection[tuple[str, str]] | None = None) -> list[SilverReport]:
     """Catch every selected table's silver up with its bronze."""
-    return [apply_silver(ctx, spark) for ctx in select_contexts(settings, only)]
+    reports = []
+    for ctx in select_contexts(settings, only):
+        reports.append(apply_silver(ctx, spark))
+        crash_point("after_silver_merge")
+    return reports

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import psycopg2.extensions
 
 from pgcdc_dagster.capture.bronze_write import BronzeWindowWriter, parse_skipped_operations
+from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.tables import TableContext, converters_for
 from pgcdc_dagster.cdc.changes import Relation
@@ -135,12 +136,15 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
             upto = Lsn(min(int(flushed), int(position) + settings.window_max_bytes))
             w_started = time.monotonic()
             window = peek_window(conn, settings.slot, settings.publication, upto)
+            crash_point("after_decode")
             writer.add(window)
             counts = writer.commit(upto)
+            crash_point("after_bronze_commit")
             # Only after every bronze commit may the slot forget the window. The window holds
             # exactly the transactions whose commit record starts before ``upto``, and those
             # are the ones a slot confirmed at ``upto`` skips.
             advance_slot(conn, settings.slot, upto)
+            crash_point("after_advance")
             report.windows.append(WindowReport(position, upto, window.change_count,
                                                len(window.transactions), counts,
                                                time.monotonic() - w_started))
