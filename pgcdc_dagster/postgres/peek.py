@@ -2,9 +2,9 @@
 
 ``COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes(...)) TO STDOUT
 (FORMAT binary)`` streams the window; psycopg2's ``copy_expert`` hands every CopyData
-message (one row) to :class:`_PeekWriter`, which parses the COPY framing in place and feeds
-the pgoutput message straight to the :class:`~pgcdc_dagster.cdc.pgoutput.Assembler`, so the
-raw bytes of a window are never held in memory and decoding overlaps the server's work.
+message (one row) to the assembler's :class:`~pgcdc_dagster.cdc.pgoutput.copyrows.CopySink`,
+which parses the COPY framing and the pgoutput message in place, so the raw bytes of a
+window are never held in memory and decoding overlaps the server's work.
 
 The slot is only peeked: advancing it (``pg_replication_slot_advance``) after the sink has
 committed is the job of :mod:`pgcdc_dagster.postgres.slot`. The window is always bounded by
@@ -14,69 +14,21 @@ an explicit ``upto_lsn`` (an unbounded peek pins WAL and re-decodes from ``resta
 from __future__ import annotations
 
 import gc
-import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg2 import sql
 
 from pgcdc_dagster.cdc.changes import Window
 from pgcdc_dagster.cdc.lsn import Lsn
-from pgcdc_dagster.cdc.pgcopy import CopyBinaryParser
-from pgcdc_dagster.cdc.pgoutput.assembler import DEFAULT_SPILL_BYTES, Assembler, PendingTxn
+from pgcdc_dagster.cdc.pgoutput.assembler import DEFAULT_SPILL_BYTES, Assembler
 from pgcdc_dagster.cdc.pgoutput.options import PgOutputOptions, StreamingMode, choose_options
-from pgcdc_dagster.exceptions import ConfigurationError, DecodeError
-
-_ROW = struct.Struct(">hiqiIi")  # field count, len 8, lsn, len 4, xid, len of data
-_ROW_SIZE = _ROW.size
-_LSN = struct.Struct(">q")
+from pgcdc_dagster.cdc.pgoutput.pending import PendingTxn
+from pgcdc_dagster.exceptions import ConfigurationError
 
 _PEEK = sql.SQL(
     "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes("
     "{slot}, {upto}::pg_lsn, {nchanges}, {options})) TO STDOUT (FORMAT binary)")
-
-
-class _PeekWriter:
-    """File-like COPY target: splits COPY rows and feeds the assembler in place."""
-
-    __slots__ = ("_fast", "_feed", "_parser", "bytes", "error")
-
-    def __init__(self, feed: Callable[[int, bytes, int, int], None]) -> None:
-        self._feed = feed
-        self._parser = CopyBinaryParser()
-        self._fast = False
-        self.bytes = 0
-        self.error: BaseException | None = None
-
-    def write(self, chunk: bytes) -> None:
-        """Take one CopyData message; after an error, drain the rest without work."""
-        if self.error is not None:
-            return
-        size = len(chunk)
-        self.bytes += size
-        try:
-            if self._fast and size >= _ROW_SIZE:
-                nfields, len_lsn, lsn, len_xid, _xid, len_data = _ROW.unpack_from(chunk, 0)
-                if len_data + _ROW_SIZE == size and nfields == 3 and len_lsn == 8 \
-                        and len_xid == 4:
-                    self._feed(lsn, chunk, _ROW_SIZE, size)
-                    return
-            self._slow(chunk)
-        except Exception as exc:  # re-raised by peek_window once the COPY has ended
-            self.error = exc
-
-    def _slow(self, chunk: bytes) -> None:
-        """Header, trailer, or a row split across writes: go through the generic parser."""
-        for row in self._parser.feed(chunk):
-            if len(row) != 3 or row[0] is None or row[2] is None or len(row[0]) != 8:
-                raise DecodeError(f"peek COPY row has unexpected shape: {row!r:.200}")
-            data = row[2]
-            self._feed(_LSN.unpack(row[0])[0], data, 0, len(data))
-        self._fast = self._parser.at_boundary
-
-    def close(self) -> None:
-        """Check the COPY stream ended with its trailer."""
-        self._parser.close()
 
 
 def build_peek_query(
@@ -160,24 +112,22 @@ def peek_window(
     query = build_peek_query(slot, upto_lsn, options, upto_nchanges)
     assembler = Assembler(skip_below=skip_below, spill_limit_bytes=spill_limit_bytes,
                           spill_dir=spill_dir, prepared=prepared)
-    writer = _PeekWriter(assembler.feed)
+    sink = assembler.copy_sink()
     gc_was_enabled = gc.isenabled()
     # A window allocates millions of small tuples; cyclic GC passes over them cost ~25 %.
     gc.disable()
     try:
         with conn.cursor() as cur:
             if decoding_work_mem is None:
-                cur.copy_expert(query, writer)
+                cur.copy_expert(query, sink)
             else:
                 cur.execute("SET logical_decoding_work_mem = %s", (decoding_work_mem,))
-                cur.copy_expert(query, writer)
+                cur.copy_expert(query, sink)
                 # Not in a finally: after a failure the transaction may be aborted, and the
                 # RESET error would hide the real one (the SET dies with that transaction).
                 cur.execute("RESET logical_decoding_work_mem")
     finally:
         if gc_was_enabled:
             gc.enable()
-    if writer.error is not None:
-        raise writer.error
-    writer.close()
+    sink.close()
     return assembler.finish()

@@ -8,7 +8,7 @@ import psycopg2
 import pytest
 
 from pgcdc_dagster.cdc.lsn import Lsn
-from pgcdc_dagster.cdc.pgoutput.assembler import PendingTxn
+from pgcdc_dagster.cdc.pgoutput.pending import PendingTxn
 from pgcdc_dagster.exceptions import ConfigurationError, DecodeError
 from pgcdc_dagster.postgres.peek import peek_window
 from tests.data.pgoutput.fixtures import flatten

@@ -10,7 +10,6 @@ import pytest
 from pgcdc_dagster.cdc.pgcopy import CopyBinaryParser, CopyBinarySink, parse_copy_binary
 from pgcdc_dagster.cdc.pgoutput.assembler import Assembler, assemble
 from pgcdc_dagster.exceptions import DecodeError
-from pgcdc_dagster.postgres.peek import _PeekWriter
 from tests.data.pgoutput.fixtures import copy_binary, load
 
 pytestmark = pytest.mark.unit
@@ -121,7 +120,7 @@ def _copy_rows(stream: bytes) -> list[bytes]:
 
 
 @pytest.mark.parametrize("name", ["multi_table", "schema_change"])
-def test_peek_writer_feeds_the_assembler_per_row_and_in_odd_chunks(name: str) -> None:
+def test_copy_sink_feeds_the_assembler_per_row_and_in_odd_chunks(name: str) -> None:
     recorded = load(name)
     assert recorded.copy is not None
     expected = assemble(recorded.items())
@@ -132,23 +131,22 @@ def test_peek_writer_feeds_the_assembler_per_row_and_in_odd_chunks(name: str) ->
                                               strict=True)]
     for chunks in (per_row, odd, [recorded.copy]):
         assembler = Assembler()
-        writer = _PeekWriter(assembler.feed)
+        sink = assembler.copy_sink()
         for chunk in chunks:
-            writer.write(chunk)
-        assert writer.error is None
-        writer.close()
-        assert writer.bytes == len(recorded.copy)
+            sink.write(chunk)
+        sink.close()
+        assert sink.byte_count == len(recorded.copy)
         assert assembler.finish() == expected
 
 
-def test_peek_writer_keeps_the_first_error_and_drains() -> None:
+def test_copy_sink_keeps_the_first_error_and_drains() -> None:
     recorded = load("multi_table")
     assert recorded.copy is not None
     rows = _copy_rows(recorded.copy)
     assembler = Assembler()
-    writer = _PeekWriter(assembler.feed)
-    writer.write(rows[0])
-    writer.write(rows[1][:26] + b"Z" + rows[1][27:])  # unknown message type
-    writer.write(rows[2])
-    assert isinstance(writer.error, DecodeError)
-    assert "unknown pgoutput message type 'Z'" in str(writer.error)
+    sink = assembler.copy_sink()
+    sink.write(rows[0])
+    sink.write(rows[1][:26] + b"Z" + rows[1][27:])  # unknown message type
+    sink.write(rows[2])
+    with pytest.raises(DecodeError, match="unknown pgoutput message type 'Z'"):
+        sink.close()

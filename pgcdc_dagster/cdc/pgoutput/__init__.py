@@ -8,7 +8,7 @@ through the hot path in ``writer``; ``options`` picks the protocol version.
 
 from __future__ import annotations
 
-from pgcdc_dagster.cdc.pgoutput.assembler import Assembler, PendingTxn, assemble
+from pgcdc_dagster.cdc.pgoutput.assembler import Assembler, assemble
 from pgcdc_dagster.cdc.pgoutput.decoder import Decoder, decode, decode_all
 from pgcdc_dagster.cdc.pgoutput.messages import MessageType, PgOutputMessage
 from pgcdc_dagster.cdc.pgoutput.options import (
@@ -16,6 +16,7 @@ from pgcdc_dagster.cdc.pgoutput.options import (
     choose_options,
     required_proto_version,
 )
+from pgcdc_dagster.cdc.pgoutput.pending import PendingTxn
 
 __all__ = [
     "Assembler",

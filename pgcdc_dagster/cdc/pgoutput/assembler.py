@@ -26,20 +26,21 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from pgcdc_dagster.cdc.changes import Window
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.pgoutput import messages as m
-from pgcdc_dagster.cdc.pgoutput.decoder import decode
+from pgcdc_dagster.cdc.pgoutput.copyrows import CopySink, SlotRowWriter
+from pgcdc_dagster.cdc.pgoutput.errors import code_of, decode_at, message_error
 from pgcdc_dagster.cdc.pgoutput.messages import MessageType, pg_time_to_unix_us
-from pgcdc_dagster.cdc.pgoutput.spill import SpillBudget, TxnBuffer
+from pgcdc_dagster.cdc.pgoutput.pending import PendingTxn, apply_relations, replay
+from pgcdc_dagster.cdc.pgoutput.spill import SpillBudget
 from pgcdc_dagster.cdc.pgoutput.tuples import WireError
-from pgcdc_dagster.cdc.pgoutput.writer import WindowWriter
 from pgcdc_dagster.exceptions import DecodeError
 
-_u32 = struct.Struct(">I").unpack_from
+_BEGIN = struct.Struct(">QqI")  # final LSN, commit time, xid
+_COMMIT = struct.Struct(">BQQq")  # flags, commit LSN, end LSN, commit time
 _CHANGES = frozenset((0x49, 0x55, 0x44))  # 'I', 'U', 'D'
 _BUFFERED = frozenset((0x54, 0x52, 0x59, 0x4D, 0x4F))  # 'T', 'R', 'Y', 'M', 'O'
 _DECODE_NOW = frozenset((0x52, 0x4D))  # 'R', 'M'
@@ -47,18 +48,6 @@ _IDLE, _DIRECT, _STREAM, _PREPARING = range(4)
 _STATE_NAMES = ("outside a transaction", "inside Begin/Commit", "inside a stream block",
                 "inside Begin Prepare/Prepare")
 DEFAULT_SPILL_BYTES = 256 * 1024 * 1024
-
-
-@dataclass(slots=True)
-class PendingTxn:
-    """A transaction buffered until its outcome is known (streamed and/or prepared)."""
-
-    xid: int
-    buffer: TxnBuffer
-    streamed: bool
-    """Messages carry the (sub)transaction xid after the type byte."""
-    aborted_subxids: set[int] = field(default_factory=set)
-    gid: str | None = None
 
 
 class Assembler:
@@ -83,7 +72,7 @@ class Assembler:
             prepared: prepared transactions left open by the previous window (its
                 :attr:`prepared`); updated in place.
         """
-        self._writer = WindowWriter()
+        self._writer = SlotRowWriter()
         self._skip_below = skip_below
         self._budget = SpillBudget(spill_limit_bytes, spill_dir)
         self._state = _IDLE
@@ -119,22 +108,31 @@ class Assembler:
             else:
                 self._other(code, lsn, buf, pos, end)
         except WireError as exc:
-            raise _error(code, exc.what, exc.offset - pos, lsn) from None
+            raise message_error(code, exc.what, exc.offset - pos, lsn) from None
         except (IndexError, struct.error) as exc:
-            raise _error(code, f"truncated message of {end - pos} bytes ({exc})", end - pos,
-                         lsn) from None
+            raise message_error(code, f"truncated message of {end - pos} bytes ({exc})",
+                                end - pos, lsn) from None
 
     def _skipped(self, commit_lsn: int) -> bool:
         return self._skip_below is not None and commit_lsn < self._skip_below
 
     def _other(self, code: int, lsn: int, buf: bytes, pos: int, end: int) -> None:
         state = self._state
+        # Begin and Commit frame every ordinary transaction: skip the message objects.
+        if code == 0x42 and end - pos == 21 and state == _IDLE:  # 'B'
+            final_lsn, commit_time, xid = _BEGIN.unpack_from(buf, pos + 1)
+            self._begin_txn(xid, final_lsn, commit_time)
+            return
+        if code == 0x43 and end - pos == 26 and state == _DIRECT:  # 'C'
+            flags, commit_lsn, end_lsn, _ = _COMMIT.unpack_from(buf, pos + 1)
+            self._commit_txn(flags, commit_lsn, end_lsn, lsn)
+            return
         if state == _STREAM or state == _PREPARING:
             pending = self._current
             assert pending is not None
             if code in _CHANGES or code in _BUFFERED:
                 if code in _DECODE_NOW:
-                    message = _decode(buf, state == _STREAM, pos, end, lsn)
+                    message = decode_at(buf, state == _STREAM, pos, end, lsn)
                     if isinstance(message, m.Message) and not message.transactional:
                         self._message(lsn, message)
                         return
@@ -142,28 +140,38 @@ class Assembler:
                         self._writer.relation(message.relation)  # pgoutput: schema sent now
                 pending.buffer.append(lsn, bytes(buf[pos:end]))
                 return
-        message = _decode(buf, state == _STREAM, pos, end, lsn)
+        message = decode_at(buf, state == _STREAM, pos, end, lsn)
         handler = _HANDLERS.get(type(message))
         if handler is None:
-            raise _error(code, f"unexpected {_STATE_NAMES[state]}", 0, lsn)
+            raise message_error(code, f"unexpected {_STATE_NAMES[state]}", 0, lsn)
         handler(self, lsn, message)
 
     def _begin(self, lsn: int, msg: m.Begin) -> None:
         self._expect(_IDLE, msg, lsn)
-        skip = self._skipped(msg.final_lsn)
-        self._writer.begin(msg.xid, msg.final_lsn, pg_time_to_unix_us(msg.commit_time), skip)
+        self._begin_txn(msg.xid, msg.final_lsn, msg.commit_time)
+
+    def _begin_txn(self, xid: int, final_lsn: int, commit_time: int) -> None:
+        skip = self._skipped(final_lsn)
+        self._writer.begin(xid, final_lsn, pg_time_to_unix_us(commit_time), skip)
+        self._writer.set_direct(not skip)
         self._state = _DIRECT
 
     def _commit(self, lsn: int, msg: m.Commit) -> None:
         self._expect(_DIRECT, msg, lsn)
-        if msg.commit_lsn != self._writer.commit_lsn:
-            raise _error(MessageType.COMMIT, f"commit LSN {Lsn(msg.commit_lsn)} differs from "
-                         f"Begin's {Lsn(self._writer.commit_lsn)}", 2, lsn)
-        self._writer.end(msg.end_lsn)
+        self._commit_txn(msg.flags, msg.commit_lsn, msg.end_lsn, lsn)
+
+    def _commit_txn(self, flags: int, commit_lsn: int, end_lsn: int, lsn: int) -> None:
+        if flags != 0:
+            raise message_error(MessageType.COMMIT, f"unknown flags {flags:#04x}", 1, lsn)
+        if commit_lsn != self._writer.commit_lsn:
+            raise message_error(MessageType.COMMIT, f"commit LSN {Lsn(commit_lsn)} differs "
+                                f"from Begin's {Lsn(self._writer.commit_lsn)}", 2, lsn)
+        self._writer.end(end_lsn)
+        self._writer.set_direct(False)
         self._state = _IDLE
 
     def _change(self, lsn: int, msg: m.Insert | m.Update | m.Delete) -> None:
-        raise _error(_code_of(msg), f"change {_STATE_NAMES[self._state]}", 0, lsn)
+        raise message_error(code_of(msg), f"change {_STATE_NAMES[self._state]}", 0, lsn)
 
     def _truncate(self, lsn: int, msg: m.Truncate) -> None:
         self._expect(_DIRECT, msg, lsn)
@@ -191,13 +199,13 @@ class Assembler:
         pending = self._streams.get(msg.xid)
         if pending is None:
             if not msg.first_segment:
-                raise _error(MessageType.STREAM_START, f"continues xid {msg.xid} whose first "
-                             "segment was not in this window", 1, lsn)
+                raise message_error(MessageType.STREAM_START, f"continues xid {msg.xid} whose "
+                                    "first segment was not in this window", 1, lsn)
             pending = self._streams[msg.xid] = PendingTxn(
                 msg.xid, self._budget.new_buffer(), streamed=True)
         elif msg.first_segment:
-            raise _error(MessageType.STREAM_START, f"first segment of xid {msg.xid} again",
-                         5, lsn)
+            raise message_error(MessageType.STREAM_START,
+                                f"first segment of xid {msg.xid} again", 5, lsn)
         self._current = pending
         self._state = _STREAM
 
@@ -218,8 +226,8 @@ class Assembler:
         elif msg.xid in self._streams:
             self._streams[msg.xid].aborted_subxids.add(msg.subxid)
         else:
-            raise _error(MessageType.STREAM_ABORT, f"subtransaction {msg.subxid} of xid "
-                         f"{msg.xid}, which was not streamed in this window", 1, lsn)
+            raise message_error(MessageType.STREAM_ABORT, f"subtransaction {msg.subxid} of xid "
+                                f"{msg.xid}, which was not streamed in this window", 1, lsn)
 
     def _begin_prepare(self, lsn: int, msg: m.BeginPrepare) -> None:
         self._expect(_IDLE, msg, lsn)
@@ -239,17 +247,15 @@ class Assembler:
         pending = self._pop_stream(msg.xid, MessageType.STREAM_PREPARE, lsn)
         pending.gid = msg.gid
         self.prepared[msg.gid] = pending
-        for item_lsn, data in pending.buffer:  # pgoutput marks these schemas sent now
-            if data[0] == MessageType.RELATION:
-                self._replay_one(pending, item_lsn, data)
+        apply_relations(self._writer, pending, self._meta)  # pgoutput: schemas sent now
 
     def _commit_prepared(self, lsn: int, msg: m.CommitPrepared) -> None:
         self._expect(_IDLE, msg, lsn)
         pending = self.prepared.pop(msg.gid, None)
         if pending is None:
-            raise _error(MessageType.COMMIT_PREPARED, f"transaction {msg.gid!r} was prepared "
-                         "in an earlier window and its changes were not carried over (pass "
-                         "the previous Assembler.prepared)", 30, lsn)
+            raise message_error(MessageType.COMMIT_PREPARED, f"transaction {msg.gid!r} was "
+                                "prepared in an earlier window and its changes were not carried "
+                                "over (pass the previous Assembler.prepared)", 30, lsn)
         self._replay(pending, msg.commit_lsn, msg.end_lsn, msg.commit_time, lsn)
 
     def _rollback_prepared(self, lsn: int, msg: m.RollbackPrepared) -> None:
@@ -261,51 +267,28 @@ class Assembler:
     def _pop_stream(self, xid: int, code: int, lsn: int) -> PendingTxn:
         pending = self._streams.pop(xid, None)
         if pending is None:
-            raise _error(code, f"xid {xid} was not streamed in this window", 1, lsn)
+            raise message_error(code, f"xid {xid} was not streamed in this window", 1, lsn)
         return pending
 
     def _replay(self, pending: PendingTxn, commit_lsn: int, end_lsn: int, commit_time: int,
                 lsn: int) -> None:
         """Emit a buffered transaction at its commit."""
-        writer = self._writer
-        writer.begin(pending.xid, commit_lsn, pg_time_to_unix_us(commit_time),
-                     self._skipped(commit_lsn))
-        try:
-            for item_lsn, data in pending.buffer:
-                self._replay_one(pending, item_lsn, data)
-        finally:
-            pending.buffer.close()
-        writer.end(end_lsn)
+        replay(self._writer, pending, commit_lsn, end_lsn, commit_time,
+               self._skipped(commit_lsn), self._meta)
 
-    def _replay_one(self, pending: PendingTxn, lsn: int, data: bytes) -> None:
-        code = data[0]
-        try:
-            if pending.streamed and code != MessageType.RELATION and code != MessageType.TYPE \
-                    and code != MessageType.ORIGIN and _u32(data, 1)[0] in pending.aborted_subxids:
-                return
-            if code in _CHANGES:
-                self._writer.change(code, lsn, data, 5 if pending.streamed else 1, len(data))
-                return
-        except WireError as exc:
-            raise _error(code, exc.what, exc.offset, lsn) from None
-        except (IndexError, struct.error) as exc:
-            raise _error(code, f"truncated message of {len(data)} bytes ({exc})", len(data),
-                         lsn) from None
-        message = _decode(data, pending.streamed, 0, len(data), lsn)
-        if isinstance(message, m.Truncate):
-            self._writer.truncate(lsn, message.relation_oids, message.options)
-        elif isinstance(message, m.Message):  # only transactional ones are buffered
-            self._writer.message(message.lsn, message.prefix, message.content)
-        elif isinstance(message, m.RelationMessage):
-            self._writer.relation(message.relation)
-        elif isinstance(message, m.TypeMessage):
+    def _meta(self, message: m.PgOutputMessage) -> None:
+        if isinstance(message, m.TypeMessage):
             self.types[message.oid] = message
         elif isinstance(message, m.Origin):
             self.origin = message
 
     def _expect(self, state: int, msg: m.PgOutputMessage, lsn: int) -> None:
         if self._state != state:
-            raise _error(_code_of(msg), f"unexpected {_STATE_NAMES[self._state]}", 0, lsn)
+            raise message_error(code_of(msg), f"unexpected {_STATE_NAMES[self._state]}", 0, lsn)
+
+    def copy_sink(self) -> CopySink:
+        """A ``copy_expert`` target that feeds this assembler from a slot-peek COPY."""
+        return CopySink(self._writer, self.feed)
 
     def finish(self) -> Window:
         """End the window and return it.
@@ -326,39 +309,6 @@ class Assembler:
         self._streams.clear()
         return self._writer.window
 
-
-def _decode(buf: bytes, in_stream: bool, pos: int, end: int, lsn: int) -> m.PgOutputMessage:
-    try:
-        return decode(buf, in_stream=in_stream, pos=pos, end=end)
-    except DecodeError as exc:
-        raise DecodeError(f"{exc} (slot row at LSN {Lsn(lsn)})") from None
-
-
-def _code_of(msg: m.PgOutputMessage) -> int:
-    return _CODES[type(msg)]
-
-
-def _error(code: int, what: str, offset: int, lsn: int) -> DecodeError:
-    try:
-        kind = MessageType(code)
-        name = f"{kind.name} message ('{kind.char}')"
-    except ValueError:
-        name = f"message of unknown type {code:#04x}" if code >= 0 else "empty message"
-    return DecodeError(f"pgoutput {name} at LSN {Lsn(lsn)}: {what} at byte offset {offset}")
-
-
-_CODES: dict[type, int] = {
-    m.Begin: MessageType.BEGIN, m.Commit: MessageType.COMMIT, m.Origin: MessageType.ORIGIN,
-    m.RelationMessage: MessageType.RELATION, m.TypeMessage: MessageType.TYPE,
-    m.Insert: MessageType.INSERT, m.Update: MessageType.UPDATE, m.Delete: MessageType.DELETE,
-    m.Truncate: MessageType.TRUNCATE, m.Message: MessageType.MESSAGE,
-    m.StreamStart: MessageType.STREAM_START, m.StreamStop: MessageType.STREAM_STOP,
-    m.StreamCommit: MessageType.STREAM_COMMIT, m.StreamAbort: MessageType.STREAM_ABORT,
-    m.BeginPrepare: MessageType.BEGIN_PREPARE, m.Prepare: MessageType.PREPARE,
-    m.CommitPrepared: MessageType.COMMIT_PREPARED,
-    m.RollbackPrepared: MessageType.ROLLBACK_PREPARED,
-    m.StreamPrepare: MessageType.STREAM_PREPARE,
-}
 
 _HANDLERS: dict[type, Callable[[Assembler, int, Any], None]] = {
     m.Begin: Assembler._begin, m.Commit: Assembler._commit, m.Origin: Assembler._origin,

@@ -3,12 +3,12 @@ at a time: the columnar hot path of the assembler.
 
 Insert, Update and Delete messages are parsed in place (no message object, no slicing of
 the message out of its COPY row) straight into the lists of the table's current
-:class:`~pgcdc_dagster.cdc.changes.TableChanges` segment. Per row only ``op``, ``lsn``,
-``total_order`` and ``after`` are appended; the columns that are constant within a
-transaction (commit LSN, xid, commit time, ``collection_order``) are filled in bulk when the
-transaction ends, and the mostly-default columns (``before``, ``before_key_only``,
-``truncate_options``) are padded lazily. After :meth:`WindowWriter.end` every list of every
-segment has the same length.
+:class:`~pgcdc_dagster.cdc.changes.TableChanges` segment. Per row only ``op``, ``lsn``
+and ``after`` are appended; ``total_order`` is filled per run of consecutive rows of one
+table, the columns that are constant within a transaction (commit LSN, xid, commit time,
+``collection_order``) in bulk when the transaction ends, and the mostly-default columns
+(``before``, ``before_key_only``, ``truncate_options``) are padded lazily. After
+:meth:`WindowWriter.end` every list of every segment has the same length.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _NEW, _KEY, _OLD = 0x4E, 0x4B, 0x4F  # 'N', 'K', 'O'
 class _Target:
     """The segment that receives a relation's rows, with its list appenders bound."""
 
-    __slots__ = ("after", "gen", "lsn", "op", "order", "parse", "qualified", "seg")
+    __slots__ = ("after", "gen", "lsn", "op", "parse", "qualified", "seg")
 
     def __init__(self, seg: TableChanges) -> None:
         self.seg = seg
@@ -44,7 +44,6 @@ class _Target:
         self.parse: RowParser = row_parser(len(seg.relation.columns))
         self.op = seg.op.append
         self.lsn = seg.lsn.append
-        self.order = seg.total_order.append
         self.after = seg.after.append
         self.gen = -1
 
@@ -65,9 +64,14 @@ class WindowWriter:
         self._gen = 0
         self._touched: list[tuple[TableChanges, int]] = []
         self._touched_ids: set[int] = set()
+        self._last: _Target | None = None
+        """Target of the open run: consecutive rows of one segment whose total_order is
+        filled when the run closes (a message, another table, or the commit)."""
+        self._run_start = 0
         self.in_txn = False
         self.skip = False
         self.order = 0
+        """Events of the open transaction, not counting the open run."""
         self.xid = 0
         self.commit_lsn = 0
         self.commit_ts_us = 0
@@ -81,8 +85,9 @@ class WindowWriter:
     def begin(self, xid: int, commit_lsn: int, commit_ts_us: int, skip: bool) -> None:
         """Open a transaction whose commit LSN and time are already known."""
         self._gen += 1
-        self._touched = []
-        self._touched_ids = set()
+        self._touched.clear()
+        self._touched_ids.clear()
+        self._last = None
         self.in_txn = True
         self.skip = skip
         self.order = 0
@@ -101,12 +106,30 @@ class WindowWriter:
         target = self._targets[oid] = _Target(segments[-1])
         return target
 
-    def _touch(self, target: _Target) -> None:
-        target.gen = self._gen
-        seg = target.seg
-        if id(seg) not in self._touched_ids:
-            self._touched_ids.add(id(seg))
-            self._touched.append((seg, len(seg.op)))
+    def _open_run(self, target: _Target) -> None:
+        """Rows start going to ``target``: close the previous run, note the first touch."""
+        if self._last is not None:
+            self._close_run()
+        if target.gen != self._gen:
+            target.gen = self._gen
+            seg = target.seg
+            if id(seg) not in self._touched_ids:
+                self._touched_ids.add(id(seg))
+                self._touched.append((seg, len(seg.op)))
+        self._last = target
+        self._run_start = len(target.seg.op)
+
+    def _close_run(self) -> None:
+        """Give the rows of the open run their ``total_order``."""
+        last = self._last
+        if last is None:
+            return
+        seg = last.seg
+        order = self.order
+        new = len(seg.op) - self._run_start
+        seg.total_order.extend(range(order + 1, order + new + 1))
+        self.order = order + new
+        self._last = None
 
     def change(self, code: int, lsn: int, buf: bytes, p: int, end: int) -> None:
         """Write one Insert/Update/Delete; ``p`` points at its relation oid.
@@ -120,8 +143,8 @@ class WindowWriter:
         target = self._targets.get(_u32(buf, p)[0])
         if target is None:
             target = self._target(_u32(buf, p)[0], p)
-        if target.gen != self._gen:
-            self._touch(target)
+        if target is not self._last:
+            self._open_run(target)
         p += 4
         kind = buf[p]
         if code == _INSERT:
@@ -153,8 +176,6 @@ class WindowWriter:
         if p != end:
             raise WireError(f"message ends at byte {end}, its tuples at byte {p}", min(p, end))
         target.lsn(lsn)
-        self.order += 1
-        target.order(self.order)
 
     @staticmethod
     def _before(seg: TableChanges, old: Row, key_only: bool) -> None:
@@ -170,21 +191,20 @@ class WindowWriter:
             return
         for oid in oids:
             target = self._targets.get(oid) or self._target(oid, 0)
-            if target.gen != self._gen:
-                self._touch(target)
+            self._open_run(target)
             seg = target.seg
             _pad(seg.truncate_options, len(seg.op), 0)  # type: ignore[arg-type]
             seg.truncate_options.append(options)
             target.op("t")
             target.after(None)
             target.lsn(lsn)
-            self.order += 1
-            target.order(self.order)
+        self._close_run()
 
     def message(self, lsn: int, prefix: str, content: bytes) -> None:
         """Record a transactional logical message of the open transaction."""
         if self.skip:
             return
+        self._close_run()
         self.order += 1
         self.window.messages.append(LogicalMessage(
             True, prefix, content, lsn, self.commit_lsn, self.xid, self.commit_ts_us,
@@ -195,6 +215,7 @@ class WindowWriter:
         window = self.window
         window.last_commit_end_lsn = end_lsn
         self.in_txn = False
+        self._close_run()
         if self.skip or self.order == 0:
             return None
         counts: dict[tuple[str, str], int] = {}
@@ -210,8 +231,8 @@ class WindowWriter:
             _pad(seg.before, size, None)  # type: ignore[arg-type]
             _pad(seg.before_key_only, size, False)  # type: ignore[arg-type]
             _pad(seg.truncate_options, size, 0)  # type: ignore[arg-type]
-        self._touched = []
-        self._touched_ids = set()
+        self._touched.clear()
+        self._touched_ids.clear()
         info = TransactionInfo(
             self.xid, self.commit_lsn, end_lsn, self.commit_ts_us, self.order,
             tuple((schema, table, n) for (schema, table), n in counts.items()))
