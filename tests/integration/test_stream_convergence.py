@@ -110,8 +110,6 @@ def test_concurrent_writers_converge(pg_dsn, pg_conn, spark, lakehouse) -> None:
                                slot="conv", publication="conv", window_max_bytes=256 << 10)
     run_bronze(settings, spark, force_snapshot_step=True)
     with pg_conn.cursor() as cur:  # the oracle starts where our stream starts
-        cur.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name='conv'")
-        start = cur.fetchone()[0]
         cur.execute("SELECT pg_create_logical_replication_slot('oracle', 'test_decoding')")
     threads = [threading.Thread(target=writer, args=(pg_dsn, w, 1000 + w, 250)) for w in (0, 1)]
     for t in threads:
@@ -130,8 +128,7 @@ def test_concurrent_writers_converge(pg_dsn, pg_conn, spark, lakehouse) -> None:
     with pg_conn.cursor() as cur:
         cur.execute("SELECT lsn, data FROM pg_logical_slot_get_changes('oracle', NULL, NULL)")
         rows = cur.fetchall()
-    lines = [d for lsn, d in rows if str(lsn) >= "0" and start is not None]
-    expected = expected_events(lines)
+    expected = expected_events([data for _lsn, data in rows])
     for table, key in (("plain", ["id"]), ("full_ident", ["id"]), ("composite", ["a", "b"])):
         bronze = DeltaTable(table_uri(str(lakehouse), "bronze", "public", table)) \
             .to_pyarrow_table(columns=["op"])
