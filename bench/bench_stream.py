@@ -1,0 +1,133 @@
+"""Stream benchmark: micro-batches end to end against the raw peek rate of the same WAL.
+
+Prints the raw ``pg_logical_slot_peek_binary_changes`` rate over the pending WAL (PostgreSQL
+alone, COPY into a byte-counting sink: the limit), our end-to-end rate (peek -> bronze ->
+silver -> advance, several windows), their ratio (issue 6 target: >= 0.25), and the
+commit-to-silver latency of a small change under a scheduled loop.
+
+    .venv/bin/python bench/bench_stream.py [--changes 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg2
+from deltalake import DeltaTable
+
+from pgcdc_dagster.capture.runner import run_bronze, run_silver
+from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.postgres.local_cluster import LocalCluster
+from pgcdc_dagster.spark.session import build_session
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self.bytes += len(data)
+        return len(data)
+
+
+def raw_peek(dsn: str, slot: str, publication: str) -> tuple[int, float]:
+    """Rows and seconds of one COPY of the whole pending window (no decoding on our side)."""
+    conn = psycopg2.connect(dsn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_flush_lsn()")
+        upto = cur.fetchone()[0]
+        cur.execute("SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, %s, NULL, "
+                    "'proto_version', '1', 'publication_names', %s)", (slot, upto, publication))
+        rows = cur.fetchone()[0]
+        sink = Sink()
+        started = time.perf_counter()
+        cur.copy_expert(cur.mogrify(
+            "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes(%s, %s, NULL, "
+            "'proto_version', '1', 'publication_names', %s, 'messages', 'true')) TO STDOUT "
+            "(FORMAT binary)", (slot, upto, publication)).decode(), sink)
+        elapsed = time.perf_counter() - started
+    conn.close()
+    return int(rows), elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--latency-samples", type=int, default=5)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-stream-"))
+    cluster = LocalCluster(root / "pg").start()
+    try:
+        conn = psycopg2.connect(cluster.dsn)
+        conn.autocommit = True
+        cur = conn.cursor()
+        cur.execute("CREATE TABLE orders (id bigint PRIMARY KEY, customer int, status text, "
+                    "amount numeric(12,2), updated timestamptz)")
+        cur.execute("CREATE TABLE events (id bigint PRIMARY KEY, kind text, payload text, "
+                    "at timestamptz)")
+        settings = CaptureSettings(dsn=cluster.dsn, lakehouse=str(root / "lake"),
+                                   include=("public\\..*",), slot="bench", publication="bench",
+                                   window_max_bytes=128 << 20)
+        spark = build_session()
+        run_bronze(settings, spark, force_snapshot_step=True)
+        run_silver(settings, spark)
+        per = args.changes // 4
+        for lo in range(0, per, 50_000):  # inserts then updates, 50k rows per transaction
+            hi = min(per, lo + 50_000)
+            cur.execute("INSERT INTO orders SELECT g, g % 1000, 'new', g / 100.0, now() "
+                        "FROM generate_series(%s, %s) g", (lo + 1, hi))
+            cur.execute("INSERT INTO events SELECT g, 'k' || (g % 9), md5(g::text), now() "
+                        "FROM generate_series(%s, %s) g", (lo + 1, hi))
+        for lo in range(0, per, 50_000):
+            hi = min(per, lo + 50_000)
+            cur.execute("UPDATE orders SET status = 'paid', amount = amount + 1 "
+                        "WHERE id BETWEEN %s AND %s", (lo + 1, hi))
+            cur.execute("UPDATE events SET kind = 'seen' WHERE id BETWEEN %s AND %s",
+                        (lo + 1, hi))
+        cur.execute("CHECKPOINT")
+        changes = per * 4
+        raw_peek(cluster.dsn, "bench", "bench")  # warm
+        rows, raw_s = raw_peek(cluster.dsn, "bench", "bench")
+        raw_rate = rows / raw_s
+        started = time.perf_counter()
+        report = run_bronze(settings, spark, force_snapshot_step=False)
+        run_silver(settings, spark)
+        ours_s = time.perf_counter() - started
+        assert report.stream is not None
+        got = sum(sum(o.values()) for o in report.stream.events_by_table().values())
+        assert got == changes, (got, changes)
+        ours_rate = changes / ours_s
+        print(f"changes: {changes:,} ({rows:,} pgoutput rows incl. BEGIN/COMMIT/RELATION)")
+        print(f"raw peek (limit): {raw_rate:,.0f} rows/s ({raw_s:.2f} s)")
+        print(f"pgcdc peek -> bronze -> silver -> advance: {ours_rate:,.0f} changes/s "
+              f"({ours_s:.1f} s, {len(report.stream.windows)} windows)")
+        print(f"ratio: {ours_rate / raw_rate:.2f}")
+
+        latencies = []
+        uri = table_uri(settings.lakehouse, "silver", "public", "orders")
+        for i in range(args.latency_samples):
+            key = 10_000_000 + i
+            cur.execute("INSERT INTO orders VALUES (%s, 1, 'latency', 1, now())", (key,))
+            committed = time.perf_counter()
+            run_bronze(settings, spark, force_snapshot_step=False)
+            run_silver(settings, spark)
+            found = DeltaTable(uri).to_pyarrow_table(filters=[("id", "=", key)]).num_rows
+            assert found == 1
+            latencies.append(time.perf_counter() - committed)
+        print(f"commit-to-silver latency of a small change (one micro-batch run, no schedule "
+              f"wait): median {statistics.median(latencies):.2f} s, max {max(latencies):.2f} s")
+        spark.stop()
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
