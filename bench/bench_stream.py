@@ -82,9 +82,9 @@ def main() -> None:
         per = args.changes // 4
         for lo in range(0, per, 50_000):  # inserts then updates, 50k rows per transaction
             hi = min(per, lo + 50_000)
-            cur.execute("INSERT INTO orders SELECT g, g % 1000, 'new', g / 100.0, now() "
+            cur.execute("INSERT INTO orders SELECT g, g %% 1000, 'new', g / 100.0, now() "
                         "FROM generate_series(%s, %s) g", (lo + 1, hi))
-            cur.execute("INSERT INTO events SELECT g, 'k' || (g % 9), md5(g::text), now() "
+            cur.execute("INSERT INTO events SELECT g, 'k' || (g %% 9), md5(g::text), now() "
                         "FROM generate_series(%s, %s) g", (lo + 1, hi))
         for lo in range(0, per, 50_000):
             hi = min(per, lo + 50_000)
