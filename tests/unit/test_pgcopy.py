@@ -150,3 +150,54 @@ def test_copy_sink_keeps_the_first_error_and_drains() -> None:
     sink.write(rows[2])
     with pytest.raises(DecodeError, match="unknown pgoutput message type 'Z'"):
         sink.close()
+
+
+def _frame(lsn: int, message: bytes) -> bytes:
+    """One slot row as COPY BINARY frames it: (lsn int8, xid int4, data bytea)."""
+    return (struct.pack(">hiqiIi", 3, 8, lsn, 4, 0, len(message)) + message)
+
+
+def _tuple(values: list[bytes | None | str]) -> bytes:
+    out = struct.pack(">h", len(values))
+    for v in values:
+        if v is None:
+            out += b"n"
+        elif v == "toast":
+            out += b"u"
+        else:
+            assert isinstance(v, bytes)
+            out += b"t" + struct.pack(">I", len(v)) + v
+    return out
+
+
+def test_speculative_layouts_are_exact_against_the_generic_parser() -> None:
+    """Many rows with repeating, shifting and colliding layouts through the COPY fast path
+    (which learns whole-tuple layouts) and through Assembler.feed (column loop)."""
+    begin, relation, *_ = load("basic").items()
+    oid = struct.unpack_from(">I", relation[1], 1)[0]
+    rng = random.Random(5)
+    messages: list[bytes] = []
+    for i in range(3000):
+        if i % 500 < 250:  # bulk-like: one layout for long stretches
+            values = [b"%06d" % i, b"name", b"1.50", None, b"x" * 10]
+        else:  # same total size, shifting boundaries, NULLs and unchanged TOAST
+            cut = rng.randint(0, 6)
+            values = [b"a" * cut, b"b" * (6 - cut), rng.choice([b"", None]),
+                      rng.choice([None, "toast", b"t"]), b"%d" % rng.randint(0, 10)]
+        code = rng.choice([b"I", b"U"])
+        messages.append(code + struct.pack(">I", oid) + b"N" + _tuple(values))
+    commit_lsn = struct.unpack_from(">Q", begin[1], 1)[0]
+    commit = b"C\x00" + struct.pack(">QQq", commit_lsn, commit_lsn + 100, 0)
+    items = [begin, relation, *[(1000 + i, msg) for i, msg in enumerate(messages)],
+             (commit_lsn + 100, commit)]
+    expected = assemble(items)
+    assembler = Assembler()
+    sink = assembler.copy_sink()
+    header = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+    sink.write(header + _frame(*items[0]))
+    for lsn, msg in items[1:]:
+        sink.write(_frame(lsn, msg))
+    sink.write(b"\xff\xff")
+    sink.close()
+    assert assembler.finish() == expected
+    assert len(expected.tables[("public", "t_default")][0]) == 3000

@@ -88,17 +88,22 @@ class SlotRowWriter(WindowWriter):
                         target = self._target(oid, _FRAME + 1)
                     if target is not self._last:
                         self._open_run(target)
-                    if code == _INSERT:
-                        if kind != _NEW:
-                            raise WireError(f"expected 'N' before the new tuple, found "
-                                            f"{kind:#04x}", 31)
-                        row, p = target.parse(chunk, 32)
-                        target.op("c")
+                    if kind == _NEW and code != _DELETE:  # Insert, or Update without old row
+                        if size - 32 == target.spec_size:
+                            res = target.spec_unpack(chunk, 32)
+                            if target.spec_meta(res) == target.spec_expect:
+                                row, p = target.spec_values(res), size
+                            else:
+                                row, p = target.parse_and_learn(chunk, 32, size)
+                        else:
+                            row, p = target.parse_and_learn(chunk, 32, size)
+                        target.op("c" if code == _INSERT else "u")
                         target.after(row)
+                    elif code == _INSERT:
+                        raise WireError(f"expected 'N' before the new tuple, found {kind:#04x}",
+                                        31)
                     elif code == _UPDATE:
-                        if kind == _NEW:
-                            row, p = target.parse(chunk, 32)
-                        elif kind == _KEY or kind == _OLD:
+                        if kind == _KEY or kind == _OLD:
                             old, p = target.parse(chunk, 32)
                             if chunk[p] != _NEW:
                                 raise WireError(f"expected 'N' after the old tuple, found "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from operator import itemgetter
 from typing import cast
 
 from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Row, Value
@@ -161,3 +162,71 @@ def row_parser(ncols: int) -> RowParser:
     generated = cast(RowParser, namespace["parse"])
     _PARSERS[ncols] = generated
     return generated
+
+
+_CONSTS = (None, UNCHANGED_TOAST)
+_KIND_BYTES = {_KIND_NULL: b"n", _KIND_TOAST: b"u", _KIND_TEXT: b"t", _KIND_BINARY: b"b"}
+
+
+class Layout:
+    """A speculative whole-tuple layout: one ``struct`` unpack instead of a column loop.
+
+    In bulk transactions consecutive rows of a table usually have the same kinds and value
+    lengths. A layout learnt from one row unpacks the next at C speed; it is used only when
+    the message has the layout's size *and* every kind byte and length field unpacked
+    equals the learnt ones (:attr:`meta` of the result == :attr:`expect`), which makes the
+    value offsets identical by construction: the result is exact, never a guess.
+    """
+
+    __slots__ = ("expect", "meta", "size", "unpack", "values")
+
+    def __init__(self, fmt: str, meta: list[int], expect: tuple[object, ...],
+                 picks: list[int], padded: bool) -> None:
+        compiled = struct.Struct(fmt)
+        self.size = compiled.size
+        self.unpack: Callable[[bytes, int], tuple[object, ...]] = compiled.unpack_from
+        self.meta: Callable[[tuple[object, ...]], tuple[object, ...]] = itemgetter(*meta)
+        self.expect = expect
+        getter = itemgetter(*picks)
+        if padded:  # NULL / unchanged-TOAST columns pick constants appended to the result
+            self.values: Callable[[tuple[object, ...]], Row] = lambda res: getter(res + _CONSTS)
+        else:
+            self.values = getter
+
+
+def learn_layout(buf: bytes, pos: int, end: int) -> Layout | None:
+    """The layout of the TupleData at ``pos`` (which must end at ``end``), or None when a
+    speculative unpack cannot represent it (fewer than two columns)."""
+    ncols = _unpack_i16(buf, pos)[0]
+    if ncols < 2:
+        return None
+    fmt = [">h"]
+    meta: list[int] = [0]
+    expect: list[object] = [ncols]
+    picks: list[int] = []
+    consts: list[int] = []
+    index, p = 1, pos + 2
+    for _ in range(ncols):
+        kind = buf[p]
+        if kind == _KIND_TEXT or kind == _KIND_BINARY:
+            length = _unpack_u32(buf, p + 1)[0]
+            fmt.append(f"cI{length}s")
+            meta += [index, index + 1]
+            expect += [_KIND_BYTES[kind], length]
+            picks.append(index + 2)
+            index += 3
+            p += 5 + length
+        elif kind == _KIND_NULL or kind == _KIND_TOAST:
+            fmt.append("c")
+            meta.append(index)
+            expect.append(_KIND_BYTES[kind])
+            picks.append(-1 if kind == _KIND_NULL else -2)
+            consts.append(len(picks) - 1)
+            index += 1
+            p += 1
+        else:
+            return None
+    if p != end:
+        return None
+    picks = [index + (0 if i == -1 else 1) if i < 0 else i for i in picks]
+    return Layout("".join(fmt), meta, tuple(expect), picks, bool(consts))

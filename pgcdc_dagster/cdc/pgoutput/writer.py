@@ -25,7 +25,7 @@ from pgcdc_dagster.cdc.changes import (
     TransactionInfo,
     Window,
 )
-from pgcdc_dagster.cdc.pgoutput.tuples import RowParser, WireError, row_parser
+from pgcdc_dagster.cdc.pgoutput.tuples import RowParser, WireError, learn_layout, row_parser
 
 _u32: Callable[[bytes, int], tuple[int]] = struct.Struct(">I").unpack_from
 
@@ -36,7 +36,9 @@ _NEW, _KEY, _OLD = 0x4E, 0x4B, 0x4F  # 'N', 'K', 'O'
 class _Target:
     """The segment that receives a relation's rows, with its list appenders bound."""
 
-    __slots__ = ("after", "gen", "lsn", "op", "parse", "qualified", "seg")
+    __slots__ = ("after", "gen", "interval", "learned_at", "lsn", "misses", "op", "parse",
+                 "qualified", "seg", "spec_expect", "spec_meta", "spec_size", "spec_unpack",
+                 "spec_values")
 
     def __init__(self, seg: TableChanges) -> None:
         self.seg = seg
@@ -46,6 +48,51 @@ class _Target:
         self.lsn = seg.lsn.append
         self.after = seg.after.append
         self.gen = -1
+        # Speculative layout (see tuples.Layout), used by the COPY fast path.
+        self.spec_size = -1
+        self.spec_unpack: Callable[[bytes, int], tuple[object, ...]] = _no_unpack
+        self.spec_meta: Callable[[tuple[object, ...]], object] = _no_meta
+        self.spec_expect: object = None
+        self.spec_values: Callable[[tuple[object, ...]], Row] = _no_values
+        self.misses = 0
+        self.interval = 1
+        self.learned_at = 0
+
+    def parse_and_learn(self, buf: bytes, pos: int, end: int) -> tuple[Row, int]:
+        """Parse a new tuple the slow way; now and then learn its layout for the next rows.
+
+        Learning costs a few microseconds, so it backs off (up to every 4096th miss) while
+        learnt layouts keep missing, and comes back to every 16th miss once they hit.
+        """
+        row, p = self.parse(buf, pos)
+        self.misses += 1
+        if self.misses >= self.interval and p == end:
+            rows = len(self.seg.op) - self.learned_at
+            self.interval = 16 if rows >= 2 * self.misses else min(self.interval * 2, 4096)
+            layout = learn_layout(buf, pos, end)
+            if layout is None:
+                self.spec_size = -1
+            else:
+                self.spec_size = layout.size
+                self.spec_unpack = layout.unpack
+                self.spec_meta = layout.meta
+                self.spec_expect = layout.expect
+                self.spec_values = layout.values
+            self.misses = 0
+            self.learned_at = len(self.seg.op)
+        return row, p
+
+
+def _no_unpack(buf: bytes, pos: int) -> tuple[object, ...]:
+    raise AssertionError("no layout learnt")  # unreachable: spec_size is -1
+
+
+def _no_meta(res: tuple[object, ...]) -> object:
+    raise AssertionError("no layout learnt")
+
+
+def _no_values(res: tuple[object, ...]) -> Row:
+    raise AssertionError("no layout learnt")
 
 
 def _pad(values: list[object], size: int, fill: object) -> None:
