@@ -29,7 +29,7 @@ from pgcdc_dagster.cdc.pgoutput.tuples import RowParser, WireError, learn_layout
 
 _u32: Callable[[bytes, int], tuple[int]] = struct.Struct(">I").unpack_from
 
-_INSERT, _UPDATE = 0x49, 0x55  # 'I', 'U' ('D' otherwise)
+_INSERT, _UPDATE, _DELETE = 0x49, 0x55, 0x44  # 'I', 'U', 'D'
 _NEW, _KEY, _OLD = 0x4E, 0x4B, 0x4F  # 'N', 'K', 'O'
 
 
@@ -194,23 +194,28 @@ class WindowWriter:
             self._open_run(target)
         p += 4
         kind = buf[p]
-        if code == _INSERT:
-            if kind != _NEW:
-                raise WireError(f"expected 'N' before the new tuple, found {kind:#04x}", p)
-            row, p = target.parse(buf, p + 1)
-            target.op("c")
-            target.after(row)
-        elif code == _UPDATE:
-            if kind == _KEY or kind == _OLD:
-                old, p = target.parse(buf, p + 1)
-                if buf[p] != _NEW:
-                    raise WireError(f"expected 'N' after the old tuple, found {buf[p]:#04x}", p)
-                row, p = target.parse(buf, p + 1)
-                self._before(target.seg, old, kind == _KEY)
-            elif kind == _NEW:
-                row, p = target.parse(buf, p + 1)
+        if kind == _NEW and code != _DELETE:  # Insert, or Update without an old row
+            p += 1
+            if end - p == target.spec_size:
+                res = target.spec_unpack(buf, p)
+                if target.spec_meta(res) == target.spec_expect:
+                    row, p = target.spec_values(res), end
+                else:
+                    row, p = target.parse_and_learn(buf, p, end)
             else:
+                row, p = target.parse_and_learn(buf, p, end)
+            target.op("c" if code == _INSERT else "u")
+            target.after(row)
+        elif code == _INSERT:
+            raise WireError(f"expected 'N' before the new tuple, found {kind:#04x}", p)
+        elif code == _UPDATE:
+            if kind != _KEY and kind != _OLD:
                 raise WireError(f"expected 'K', 'O' or 'N', found {kind:#04x}", p)
+            old, p = target.parse(buf, p + 1)
+            if buf[p] != _NEW:
+                raise WireError(f"expected 'N' after the old tuple, found {buf[p]:#04x}", p)
+            row, p = target.parse(buf, p + 1)
+            self._before(target.seg, old, kind == _KEY)
             target.op("u")
             target.after(row)
         else:
