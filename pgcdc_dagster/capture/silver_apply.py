@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pgcdc_dagster.capture.tables import TableContext
+from pgcdc_dagster.cdc.silver_batch import prepare_arrow
+from pgcdc_dagster.lake.bronze_read import count_rows, read_files
 from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files
 from pgcdc_dagster.lake.silver import merge_batch, silver_from_images
 from pgcdc_dagster.spark.silver_batch import prepare
@@ -36,7 +38,13 @@ class SilverReport:
     seconds: float
 
 
-def apply_silver(ctx: TableContext, spark: SparkSession) -> SilverReport:
+SPARK_THRESHOLD_ROWS = 2_000_000
+"""Batches larger than this are prepared by Spark; smaller ones in Arrow on the driver,
+where Spark's fixed cost per job (seconds on local[2]) would dominate."""
+
+
+def apply_silver(ctx: TableContext, spark: SparkSession,
+                 spark_threshold_rows: int = SPARK_THRESHOLD_ROWS) -> SilverReport:
     """Bring the table's silver up to its bronze's current version."""
     started = time.monotonic()
     # A table that joined the capture after the initial snapshot has an empty bronze until
@@ -58,7 +66,11 @@ def apply_silver(ctx: TableContext, spark: SparkSession) -> SilverReport:
         return SilverReport(ctx.name, applied, target, 0, 0, counts,
                             ensure_table(ctx.silver_uri, ctx.silver_schema).version(),
                             time.monotonic() - started)
-    batch = prepare(spark, files, ctx.relation.key_names, ctx.toastable)
+    if count_rows(ctx.bronze_uri, files) > spark_threshold_rows:
+        batch = prepare(spark, files, ctx.relation.key_names, ctx.toastable)
+    else:
+        schema = pa.schema(bronze.schema().to_arrow())
+        batch = prepare_arrow(read_files(files, schema), ctx.relation.key_names, ctx.toastable)
     rows = batch.rows
     image = rows.column("image").combine_chunks()
     meta_cols = {name: rows.column(name).combine_chunks()

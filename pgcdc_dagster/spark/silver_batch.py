@@ -10,25 +10,13 @@ the batch fills the gap when there is one, otherwise the column stays listed in
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
+from pgcdc_dagster.cdc.silver_batch import PreparedBatch
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
     from pyspark.sql import DataFrame, SparkSession
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedBatch:
-    """The deduplicated batch and the newest truncate in it."""
-
-    rows: pa.Table
-    """Columns: ``image`` (struct of bronze values: after, or before for deletes), ``op``,
-    ``__commit_lsn``, ``__ordinal``, ``__lsn``, ``__source_ts_ms``, ``__toast_unchanged``."""
-    truncate_seq: tuple[int, int] | None
-    events: int
 
 
 def _seq(df_col: str = "") -> list[SparkColumn]:

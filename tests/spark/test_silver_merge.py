@@ -21,6 +21,12 @@ from pgcdc_dagster.lake.silver import live_rows
 
 pytestmark = pytest.mark.spark
 
+
+@pytest.fixture(params=["arrow", "spark"])
+def engine(request) -> int:
+    """Silver batches prepared in Arrow on the driver, or by Spark: same results."""
+    return 10**9 if request.param == "arrow" else 0
+
 INT4 = PgType(23, "pg_catalog", "int4", "b", "N")
 TEXT = PgType(25, "pg_catalog", "text", "b", "S")
 REL = Relation(16400, "public", "docs", "d", (
@@ -73,13 +79,13 @@ def _silver(lakehouse) -> dict[int, dict]:
     return {r["id"]: r for r in live_rows(_ctx(lakehouse).silver_uri).to_pylist()}
 
 
-def test_toast_pk_change_delete_and_replay(spark, lakehouse) -> None:
+def test_toast_pk_change_delete_and_replay(spark, lakehouse, engine) -> None:
     b = Seg()
     b.add("c", after=(b"1", b"one", b"x" * 5000))
     b.add("c", after=(b"2", b"two", b"long body two"))
     b.add("c", after=(b"3", b"three", b"body three"))
     _write(lakehouse, b.seg, 2000)
-    apply_silver(_ctx(lakehouse), spark)
+    apply_silver(_ctx(lakehouse), spark, engine)
     assert _silver(lakehouse)[1]["body"] == "x" * 5000
 
     b2 = Seg()
@@ -94,7 +100,7 @@ def test_toast_pk_change_delete_and_replay(spark, lakehouse) -> None:
     b2.add("c", after=(b"4", b"four", b"b4"))
     b2.add("d", before=(b"4", None, None), key_only=True)
     _write(lakehouse, b2.seg, 4000)
-    report = apply_silver(_ctx(lakehouse), spark)
+    report = apply_silver(_ctx(lakehouse), spark, engine)
     assert report.events == 7  # the key change is two events
     silver = _silver(lakehouse)
     assert set(silver) == {1, 2, 30}
@@ -115,26 +121,26 @@ def test_toast_pk_change_delete_and_replay(spark, lakehouse) -> None:
     silver.delete(predicate="true")  # force a full replay of bronze into an empty silver
     replayed = TableContext(ctx.relation, ctx.converters, ctx.bronze_uri, ctx.silver_uri,
                             ctx.bronze_app_id, "t:silver-replay")
-    apply_silver(replayed, spark)
+    apply_silver(replayed, spark, engine)
     assert _silver(lakehouse) == before
     tombstones = DeltaTable(ctx.silver_uri).to_pyarrow_table().filter(
         pa.compute.field("__deleted")).to_pylist()
     assert sorted(r["id"] for r in tombstones) == [3, 4]
 
 
-def test_truncate_empties_silver_and_later_rows_survive(spark, lakehouse) -> None:
+def test_truncate_empties_silver_and_later_rows_survive(spark, lakehouse, engine) -> None:
     b = Seg()
     b.add("c", after=(b"1", b"a", b"a"))
     b.add("c", after=(b"2", b"b", b"b"))
     b.add("t")
     b.add("c", after=(b"3", b"c", b"c"))
     _write(lakehouse, b.seg, 2000)
-    apply_silver(_ctx(lakehouse), spark)
+    apply_silver(_ctx(lakehouse), spark, engine)
     assert set(_silver(lakehouse)) == {3}
     b2 = Seg()
     b2.lsn = 3000
     b2.add("t")
     _write(lakehouse, b2.seg, 4000)
-    report = apply_silver(_ctx(lakehouse), spark)
+    report = apply_silver(_ctx(lakehouse), spark, engine)
     assert report.counts["deleted_by_truncate"] == 1
     assert _silver(lakehouse) == {}

@@ -1,0 +1,61 @@
+"""Reading bronze part files back as one Arrow table under the table's current schema.
+
+Files written before a schema change lack fields added later (also inside the before/after
+structs); :func:`conform` fills them with nulls so every file reads under one schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+
+def conform(data: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array:
+    """``data`` as ``target``: missing struct fields become null, others are cast."""
+    if isinstance(data, pa.ChunkedArray):
+        data = data.combine_chunks()
+    if data.type == target:
+        return data
+    if pa.types.is_struct(target) and pa.types.is_struct(data.type):
+        names = {data.type.field(i).name for i in range(data.type.num_fields)}
+        children = [
+            conform(pa.StructArray.field(data, f.name), f.type) if f.name in names
+            else pa.nulls(len(data), f.type)
+            for f in target
+        ]
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=data.is_null())
+    return data.cast(target)
+
+
+def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The table under ``schema`` (columns in schema order, missing ones null)."""
+    columns = [
+        conform(table[f.name], f.type) if f.name in table.column_names
+        else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def read_files(files: Sequence[str], schema: pa.Schema) -> pa.Table:
+    """Read Parquet files (local paths or URIs) into one table conformed to ``schema``."""
+    parts = []
+    for path in files:
+        fs, inner = pafs.FileSystem.from_uri(path) if "://" in path else (None, path)
+        parts.append(conform_table(pq.read_table(inner, filesystem=fs), schema))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def count_rows(uri: str, files: Sequence[str]) -> int:
+    """Rows in the given data files, from the Delta log's statistics (no data read)."""
+    wanted = {f.rsplit("/", 1)[-1] for f in files}
+    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pydict()
+    total = 0
+    for path, n in zip(actions["path"], actions["num_records"], strict=True):
+        if path.rsplit("/", 1)[-1] in wanted:
+            total += int(n or 0)
+    return total
