@@ -160,6 +160,8 @@ class BronzeWindowWriter:
                     tables.append(bronze_from_changes(
                         seg, self.converters(seg.relation), self.ident, now_ms,
                         tombstones=self.tombstones_on_delete))
+            if not tables:
+                continue
             groups: dict[pa.Schema, list[pa.Table]] = {}
             for table in tables:
                 groups.setdefault(table.schema, []).append(table)
