@@ -192,8 +192,21 @@ def split_key_changes(seg: TableChanges) -> TableChanges:
     return out
 
 
-def _sequence_strings(commit_lsn: Sequence[int], lsn: Sequence[int]) -> list[str]:
-    return [json.dumps([str(c), str(x)]) for c, x in zip(commit_lsn, lsn, strict=True)]
+def _const(value: object, n: int, typ: pa.DataType | None = None) -> pa.Array:
+    """A column repeating one value (cheap: no Python list of n items)."""
+    return pa.repeat(pa.scalar(value, typ), n)
+
+
+def _floor_ms(us: pa.Array) -> pa.Array:
+    """Microseconds to milliseconds, rounding down like Java's floorDiv (also before 1970)."""
+    return pc.divide(pc.subtract(us, pc.if_else(pc.less(us, 0), 999, 0)), 1000)
+
+
+def _sequence_strings(commit_lsn: pa.Array, lsn: pa.Array) -> pa.Array:
+    """``source.sequence``: the JSON array ``["<commit lsn>","<lsn>"]`` per event."""
+    return pc.binary_join_element_wise(
+        "[\"", pc.cast(commit_lsn, pa.string()), "\",\"", pc.cast(lsn, pa.string()), "\"]",
+        "")
 
 
 def bronze_from_changes(seg: TableChanges, converters: Sequence[ColumnConverter],
@@ -215,23 +228,27 @@ def bronze_from_changes(seg: TableChanges, converters: Sequence[ColumnConverter]
     key_after = _key(relation, after, key_struct)
     key_before = _key(relation, before, key_struct)
     key = pc.if_else(pc.is_null(key_after), key_before, key_after)
-    ts_ms = [t // 1000 for t in seg.commit_ts_us]
+    commit_lsn = pa.array(seg.commit_lsn, pa.int64())
+    change_lsn = pa.array(seg.lsn, pa.int64())
+    xid = pa.array(seg.xid, pa.int64())
+    ts_us = pa.array(seg.commit_ts_us, pa.int64())
+    total_order = pa.array(seg.total_order, pa.int64())
     source = pa.StructArray.from_arrays([
-        pa.array([CONNECTOR_VERSION] * n), pa.array(["postgresql"] * n),
-        pa.array([ident.name] * n), pa.array(ts_ms, pa.int64()), pa.array(["false"] * n),
-        pa.array([ident.db] * n), pa.array(_sequence_strings(seg.commit_lsn, seg.lsn)),
-        pa.array(seg.commit_ts_us, pa.int64()),
-        pa.array([relation.namespace] * n), pa.array([relation.name] * n),
-        pa.array(seg.xid, pa.int64()), pa.array(seg.lsn, pa.int64()), pa.nulls(n, pa.int64()),
+        _const(CONNECTOR_VERSION, n, pa.string()), _const("postgresql", n, pa.string()),
+        _const(ident.name, n, pa.string()), _floor_ms(ts_us),
+        _const("false", n, pa.string()), _const(ident.db, n, pa.string()),
+        _sequence_strings(commit_lsn, change_lsn), ts_us,
+        _const(relation.namespace, n, pa.string()), _const(relation.name, n, pa.string()),
+        xid, change_lsn, pa.nulls(n, pa.int64()),
     ], fields=list(SOURCE_TYPE))
     transaction = pa.StructArray.from_arrays([
-        pa.array([f"{x}:{c}" for x, c in zip(seg.xid, seg.commit_lsn, strict=True)]),
-        pa.array(seg.total_order, pa.int64()), pa.array(seg.collection_order, pa.int64()),
+        pc.binary_join_element_wise(pc.cast(xid, pa.string()), pc.cast(commit_lsn, pa.string()),
+                                    ":"),
+        total_order, pa.array(seg.collection_order, pa.int64()),
     ], fields=list(TRANSACTION_TYPE))
     table = pa.Table.from_arrays([
         key, before, after, source, pa.array(seg.op, pa.string()),
-        pa.array([processed_ms] * n, pa.int64()), transaction,
-        pa.array(seg.commit_lsn, pa.int64()), pa.array(seg.total_order, pa.int64()),
+        _const(processed_ms, n, pa.int64()), transaction, commit_lsn, total_order,
         pa.array(unchanged, pa.list_(pa.string())) if unchanged is not None
         else pa.nulls(n, pa.list_(pa.string())),
     ], schema=schema)
@@ -274,16 +291,17 @@ def bronze_from_snapshot(relation: Relation, converters: Sequence[ColumnConverte
     after = pa.StructArray.from_arrays(arrays, fields=list(value_type(converters)))
     key = _key(relation, after, key_type(relation, converters))
     source = pa.StructArray.from_arrays([
-        pa.array([CONNECTOR_VERSION] * n), pa.array(["postgresql"] * n),
-        pa.array([ident.name] * n), pa.array([processed_ms] * n, pa.int64()),
-        pa.array([snapshot] * n), pa.array([ident.db] * n),
-        pa.array([json.dumps([None, str(lsn)])] * n), pa.array([processed_ms * 1000] * n),
-        pa.array([relation.namespace] * n), pa.array([relation.name] * n),
-        pa.nulls(n, pa.int64()), pa.array([lsn] * n, pa.int64()), pa.nulls(n, pa.int64()),
+        _const(CONNECTOR_VERSION, n, pa.string()), _const("postgresql", n, pa.string()),
+        _const(ident.name, n, pa.string()), _const(processed_ms, n, pa.int64()),
+        _const(snapshot, n, pa.string()), _const(ident.db, n, pa.string()),
+        _const(json.dumps([None, str(lsn)]), n, pa.string()),
+        _const(processed_ms * 1000, n, pa.int64()),
+        _const(relation.namespace, n, pa.string()), _const(relation.name, n, pa.string()),
+        pa.nulls(n, pa.int64()), _const(lsn, n, pa.int64()), pa.nulls(n, pa.int64()),
     ], fields=list(SOURCE_TYPE))
     return pa.Table.from_arrays([
         key, pa.nulls(n, schema.field("before").type), after, source,
-        pa.array(["r"] * n), pa.array([processed_ms] * n, pa.int64()),
-        pa.nulls(n, TRANSACTION_TYPE), pa.array([lsn] * n, pa.int64()),
-        pa.array([0] * n, pa.int64()), pa.nulls(n, pa.list_(pa.string())),
+        _const("r", n, pa.string()), _const(processed_ms, n, pa.int64()),
+        pa.nulls(n, TRANSACTION_TYPE), _const(lsn, n, pa.int64()),
+        _const(0, n, pa.int64()), pa.nulls(n, pa.list_(pa.string())),
     ], schema=schema)
