@@ -6,6 +6,7 @@ import dagster as dg
 from pydantic import Field
 
 from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.cdc.column_options import ColumnOptions
 from pgcdc_dagster.cdc.typeconv import TypeModes
 
 
@@ -50,6 +51,30 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         default=600.0, description="A micro-batch run stops at a window boundary after this.")
     snapshot_chunk_bytes: int = Field(
         default=64 << 20, description="Heap bytes per parallel snapshot chunk.")
+    column_include_list: str = Field(
+        default="",
+        description="column.include.list: comma-separated regular expressions of "
+        "schema.table.column names to capture; key columns are always kept. Not with "
+        "column.exclude.list.")
+    column_exclude_list: str = Field(
+        default="",
+        description="column.exclude.list: comma-separated regular expressions of "
+        "schema.table.column names left out of events and silver (key columns are kept).")
+    column_propagate_source_type: str = Field(
+        default="",
+        description="column.propagate.source.type: regular expressions of columns whose "
+        "schema gets __debezium.source.column.type/length/scale parameters.")
+    message_key_columns: str = Field(
+        default="",
+        description="message.key.columns: '<schema>.<table>:<column>,<column>;...' - the "
+        "event key and silver key of the matched tables instead of the primary key.")
+    column_mappers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Column value mappers by their Debezium property name, each mapped to "
+        "comma-separated schema.table.column regular expressions: "
+        "column.mask.with.<N>.chars, column.truncate.to.<N>.chars, "
+        "column.mask.hash.<algorithm>.with.salt.<salt>, "
+        "column.mask.hash.v2.<algorithm>.with.salt.<salt>.")
 
     def settings(self, dsn: str, lakehouse: str) -> CaptureSettings:
         """The engine's settings for this capture."""
@@ -71,4 +96,18 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             window_max_bytes=self.window_max_bytes, max_windows=self.max_windows,
             time_budget_s=self.time_budget_seconds,
             snapshot_chunk_bytes=self.snapshot_chunk_bytes,
+            column_options=self.column_options(),
         )
+
+    def column_options(self) -> tuple[tuple[str, str], ...]:
+        """The column options as ``(property, value)`` pairs, checked (ConfigurationError)."""
+        pairs = (
+            ("column.include.list", self.column_include_list),
+            ("column.exclude.list", self.column_exclude_list),
+            ("column.propagate.source.type", self.column_propagate_source_type),
+            ("message.key.columns", self.message_key_columns),
+            *self.column_mappers.items(),
+        )
+        options = tuple((p, v) for p, v in pairs if v.strip())
+        ColumnOptions.parse(options)
+        return options

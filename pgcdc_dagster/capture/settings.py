@@ -52,6 +52,12 @@ class CaptureSettings:
     quiet captured database still has a position for the slot to reach."""
     heartbeat_action_query: str = ""
     """``heartbeat.action.query``: SQL run on the source before each run's windows."""
+    column_options: tuple[tuple[str, str], ...] = ()
+    """Column options as ``(property, value)`` pairs in Debezium syntax (parsed and checked
+    by ``cdc.column_options.ColumnOptions.parse``): ``column.include.list``,
+    ``column.exclude.list``, ``column.mask.with.<N>.chars``, ``column.truncate.to.<N>.chars``,
+    ``column.mask.hash[.v2].<algorithm>.with.salt.<salt>``, ``column.propagate.source.type``
+    and ``message.key.columns`` (CFG-36..38, CFG-46..48)."""
 
     @property
     def app_prefix(self) -> str:

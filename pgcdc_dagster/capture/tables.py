@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import psycopg2.extensions
 import pyarrow as pa
-from pgcdc_dagster.postgres.catalog import load_types
 
 from pgcdc_dagster.capture.settings import CaptureSettings
-from pgcdc_dagster.cdc.changes import Column, Relation
+from pgcdc_dagster.cdc.changes import Column, Relation, TableChanges
+from pgcdc_dagster.cdc.column_options import (
+    ColumnOptions,
+    parse_column_options,
+    project_changes,
+    with_key,
+)
 from pgcdc_dagster.cdc.envelope import bronze_schema
 from pgcdc_dagster.cdc.typeconv import ColumnConverter, TypeModes, converter_for
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import silver_schema, toastable_columns
+from pgcdc_dagster.postgres.catalog import load_types
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -22,12 +31,17 @@ class TableContext:
     """Everything needed to write one captured table's bronze and silver."""
 
     relation: Relation
-    """The relation restricted to the columns that are captured (dropped ones removed)."""
+    """The relation restricted to the columns that are captured (dropped and excluded ones
+    removed), its key flagged (``message.key.columns`` applied)."""
     converters: tuple[ColumnConverter, ...]
     bronze_uri: str
     silver_uri: str
     bronze_app_id: str
     silver_app_id: str
+    options: ColumnOptions = field(default_factory=ColumnOptions)
+    """The capture's column options (``column.*``, ``message.key.columns``)."""
+    _shapes: dict[Relation, tuple[ColumnConverter, ...]] = field(
+        default_factory=dict, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -49,6 +63,40 @@ class TableContext:
     def captured_positions(self) -> tuple[int, ...]:
         return tuple(range(len(self.relation.columns)))
 
+    def shape(self, seg: TableChanges,
+              base: Callable[[Relation], Sequence[ColumnConverter]]
+              ) -> tuple[TableChanges, Sequence[ColumnConverter]]:
+        """A streamed segment as this table captures it, and the converters to encode it.
+
+        The segment is re-keyed to the table's key, projected onto the captured columns
+        (excluded, unknown-type and dropped columns leave the row tuples) and paired with
+        converters that apply the column options. When the segment's shape is the one the
+        context was built for, these are the context's own converters, so the snapshot,
+        the stream and silver encode every value alike. ``base`` gives the plain converters
+        of a relation (the stream's converter cache) for shapes the context does not know
+        (a column added mid-stream).
+        """
+        known = {c.name: c for c in self.relation.columns}
+        schema, table = self.relation.namespace, self.relation.name
+        relation = with_key(seg.relation, self.relation.key_names)
+        seg.relation = relation
+        plain = base(relation)
+        keep = [c.name for c, conv in zip(relation.columns, plain, strict=True)
+                if c.name in known or (not conv.dropped and (
+                    c.is_key or self.options.captures(schema, table, c.name)))]
+        seg = project_changes(seg, keep)
+        if seg.relation.columns == self.relation.columns:
+            return seg, self.converters
+        cached = self._shapes.get(seg.relation)
+        if cached is None:
+            by_name = dict(zip([c.name for c in relation.columns], plain, strict=True))
+            convs = [by_name[n] for n in keep]
+            if self.options:
+                _, shaped = self.options.shape(seg.relation, convs, {})
+                convs = list(shaped)
+            cached = self._shapes[seg.relation] = tuple(convs)
+        return seg, cached
+
 
 def converters_for(columns: Sequence[Column], types: dict[int, object],
                    modes: TypeModes) -> list[ColumnConverter]:
@@ -59,19 +107,48 @@ def converters_for(columns: Sequence[Column], types: dict[int, object],
 
 def build_context(conn: psycopg2.extensions.connection, relation: Relation,
                   settings: CaptureSettings) -> TableContext:
-    """Resolve the relation's column types and build its context."""
+    """Resolve the relation's column types and build its context.
+
+    Columns whose type Debezium omits are dropped; then the column options apply
+    (``column.include.list``/``column.exclude.list``, the column mappers and
+    ``message.key.columns``; see ``cdc/column_options.py``).
+    """
     types = load_types(conn, {c.type_oid for c in relation.columns})
     convs = converters_for(relation.columns, types, settings.modes)  # type: ignore[arg-type]
     kept = [(col, conv) for col, conv in zip(relation.columns, convs, strict=True)
             if not conv.dropped]
     rel = Relation(relation.oid, relation.namespace, relation.name, relation.replica_identity,
                    tuple(c for c, _ in kept))
+    converters = tuple(c for _, c in kept)
+    options = parse_column_options(tuple(settings.column_options))
+    if options:
+        primary = rel.key_names
+        rel, converters = options.shape(rel, converters, types)
+        if rel.key_names != primary:
+            _check_custom_key(rel, primary)
     schema, table = relation.namespace, relation.name
     return TableContext(
         relation=rel,
-        converters=tuple(c for _, c in kept),
+        converters=converters,
         bronze_uri=table_uri(settings.lakehouse, "bronze", schema, table),
         silver_uri=table_uri(settings.lakehouse, "silver", schema, table),
         bronze_app_id=f"{settings.app_prefix}:bronze:{schema}.{table}",
         silver_app_id=f"{settings.app_prefix}:silver:{schema}.{table}",
+        options=options,
     )
+
+
+def _check_custom_key(relation: Relation, primary: Sequence[str]) -> None:
+    """Warn when a ``message.key.columns`` key can change without silver seeing it.
+
+    Silver replaces a row when its key changes only if the update carries the old key
+    values: under REPLICA IDENTITY FULL always; otherwise only for the identity columns.
+    """
+    if relation.replica_identity == "f" or set(relation.key_names) <= set(primary):
+        return
+    log.warning(
+        "%s.%s is keyed by message.key.columns (%s) but its REPLICA IDENTITY is not FULL: "
+        "an update that changes those columns carries no old values, so silver keeps the "
+        "row under its old key as well. Run ALTER TABLE %s.%s REPLICA IDENTITY FULL.",
+        relation.namespace, relation.name, ", ".join(relation.key_names), relation.namespace,
+        relation.name)
