@@ -12,6 +12,7 @@ Logical decoding messages (``op = m``) and transaction metadata (BEGIN/END recor
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -88,11 +89,14 @@ def rekey(relation: Relation, key: Sequence[str]) -> Relation:
 
 def _fresh(seg: TableChanges, done: int | None, skipped: frozenset[str]) -> TableChanges:
     """Drop transactions already committed (commit LSN below ``done``) and skipped ops."""
-    if done is None and not skipped:
-        return seg
-    floor = -1 if done is None else done
-    lsns, ops = seg.commit_lsn, seg.op
-    return _select(seg, lambda i: lsns[i] >= floor and ops[i] not in skipped)
+    if done is not None and seg.commit_lsn and seg.commit_lsn[0] < done:
+        # Commit LSNs ascend within a segment: cut the already-committed prefix.
+        start = bisect.bisect_left(seg.commit_lsn, done)
+        seg = _select(seg, lambda i: i >= start)
+    if skipped and not skipped.isdisjoint(seg.op):
+        ops = seg.op
+        seg = _select(seg, lambda i: ops[i] not in skipped)
+    return seg
 
 
 @dataclass
