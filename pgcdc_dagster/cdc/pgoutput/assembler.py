@@ -1,25 +1,17 @@
 """Assemble the pgoutput messages of one slot window into a changes.Window.
 
-The assembler is fed raw messages in slot order (``feed(lsn, buf, pos, end)``) and keeps
-only committed work, in commit order:
+Fed raw messages in slot order (``feed(lsn, buf, pos, end)``, or whole COPY rows through
+:meth:`Assembler.copy_sink`), it keeps only committed work, in commit order:
 
-* ``Begin ... Commit``: written straight into the window (PostgreSQL sends a transaction
-  only once it committed, so nothing needs buffering).
-* Streamed transactions (protocol 2+, ``Stream Start ... Stream Stop`` blocks): buffered
-  per top-level xid, spilled to disk beyond the budget, emitted at ``Stream Commit`` with
-  the changes of aborted subtransactions (``Stream Abort`` with a subxid) removed;
-  dropped on a top-level ``Stream Abort``; dropped if the window ends before their commit
-  (the next peek decodes them again from the slot's restart point).
-* Two-phase transactions (protocol 3+): ``Begin Prepare ... Prepare`` or ``Stream Prepare``
-  are held until ``Commit Prepared`` (emitted there, with its commit LSN and time) or
-  ``Rollback Prepared`` (dropped). A prepared transaction whose commit falls in a later
-  window stays in :attr:`Assembler.prepared`; pass that mapping to the next window's
-  assembler (the prepare is not sent again once the slot has moved past it).
+* ``Begin ... Commit`` goes straight into the window (it is sent once committed).
+* Streamed transactions (protocol 2+) are buffered per xid (spilling to disk beyond a
+  budget) and emitted at ``Stream Commit`` without their aborted subtransactions; dropped
+  at ``Stream Abort`` or when the window ends first (the next peek decodes them again).
+* Prepared transactions (protocol 3+) wait for ``Commit Prepared`` (emitted there) or
+  ``Rollback Prepared`` (dropped); across windows they live on in :attr:`Assembler.prepared`.
 
-Transactions whose commit LSN is below ``skip_below`` are decoded for their Relation
-messages only and produce no events (exactly-once restarts). Relation messages of a
-streamed transaction take effect when it commits, those of an ordinary or prepared one at
-once, mirroring when pgoutput considers a schema "sent".
+Transactions committed below ``skip_below`` only update the relation map. A streamed
+transaction's Relation messages apply at its commit, others' at once, as in pgoutput.
 """
 
 from __future__ import annotations
@@ -34,7 +26,7 @@ from pgcdc_dagster.cdc.pgoutput import messages as m
 from pgcdc_dagster.cdc.pgoutput.copyrows import CopySink, SlotRowWriter
 from pgcdc_dagster.cdc.pgoutput.errors import code_of, decode_at, message_error
 from pgcdc_dagster.cdc.pgoutput.messages import MessageType, pg_time_to_unix_us
-from pgcdc_dagster.cdc.pgoutput.pending import PendingTxn, apply_relations, replay
+from pgcdc_dagster.cdc.pgoutput.pending import PendingSet, PendingTxn, apply_relations, replay
 from pgcdc_dagster.cdc.pgoutput.spill import SpillBudget
 from pgcdc_dagster.cdc.pgoutput.tuples import WireError
 from pgcdc_dagster.exceptions import DecodeError
@@ -76,9 +68,9 @@ class Assembler:
         self._skip_below = skip_below
         self._budget = SpillBudget(spill_limit_bytes, spill_dir)
         self._state = _IDLE
-        self._streams: dict[int, PendingTxn] = {}
         self._current: PendingTxn | None = None
         self.prepared: dict[str, PendingTxn] = {} if prepared is None else prepared
+        self._pending = PendingSet(self._budget, self.prepared)
         self.types: dict[int, m.TypeMessage] = {}
         """Type messages seen (user-defined column types), by type oid."""
         self.origin: m.Origin | None = None
@@ -196,17 +188,7 @@ class Assembler:
 
     def _stream_start(self, lsn: int, msg: m.StreamStart) -> None:
         self._expect(_IDLE, msg, lsn)
-        pending = self._streams.get(msg.xid)
-        if pending is None:
-            if not msg.first_segment:
-                raise message_error(MessageType.STREAM_START, f"continues xid {msg.xid} whose "
-                                    "first segment was not in this window", 1, lsn)
-            pending = self._streams[msg.xid] = PendingTxn(
-                msg.xid, self._budget.new_buffer(), streamed=True)
-        elif msg.first_segment:
-            raise message_error(MessageType.STREAM_START,
-                                f"first segment of xid {msg.xid} again", 5, lsn)
-        self._current = pending
+        self._current = self._ok(self._pending.stream(msg.xid, msg.first_segment), msg, lsn)
         self._state = _STREAM
 
     def _stream_stop(self, lsn: int, msg: m.StreamStop) -> None:
@@ -216,23 +198,18 @@ class Assembler:
 
     def _stream_commit(self, lsn: int, msg: m.StreamCommit) -> None:
         self._expect(_IDLE, msg, lsn)
-        pending = self._pop_stream(msg.xid, MessageType.STREAM_COMMIT, lsn)
+        pending = self._ok(self._pending.pop_stream(msg.xid), msg, lsn)
         self._replay(pending, msg.commit_lsn, msg.end_lsn, msg.commit_time, lsn)
 
     def _stream_abort(self, lsn: int, msg: m.StreamAbort) -> None:
         self._expect(_IDLE, msg, lsn)
-        if msg.xid == msg.subxid:
-            self._pop_stream(msg.xid, MessageType.STREAM_ABORT, lsn).buffer.close()
-        elif msg.xid in self._streams:
-            self._streams[msg.xid].aborted_subxids.add(msg.subxid)
-        else:
-            raise message_error(MessageType.STREAM_ABORT, f"subtransaction {msg.subxid} of xid "
-                                f"{msg.xid}, which was not streamed in this window", 1, lsn)
+        problem = self._pending.abort(msg.xid, msg.subxid)
+        if problem is not None:
+            raise message_error(MessageType.STREAM_ABORT, problem, 1, lsn)
 
     def _begin_prepare(self, lsn: int, msg: m.BeginPrepare) -> None:
         self._expect(_IDLE, msg, lsn)
-        self._current = PendingTxn(msg.xid, self._budget.new_buffer(), streamed=False,
-                                   gid=msg.gid)
+        self._current = self._pending.begin_prepare(msg.xid, msg.gid)
         self._state = _PREPARING
 
     def _prepare(self, lsn: int, msg: m.Prepare) -> None:
@@ -244,7 +221,7 @@ class Assembler:
 
     def _stream_prepare(self, lsn: int, msg: m.StreamPrepare) -> None:
         self._expect(_IDLE, msg, lsn)
-        pending = self._pop_stream(msg.xid, MessageType.STREAM_PREPARE, lsn)
+        pending = self._ok(self._pending.pop_stream(msg.xid), msg, lsn)
         pending.gid = msg.gid
         self.prepared[msg.gid] = pending
         apply_relations(self._writer, pending, self._meta)  # pgoutput: schemas sent now
@@ -260,15 +237,13 @@ class Assembler:
 
     def _rollback_prepared(self, lsn: int, msg: m.RollbackPrepared) -> None:
         self._expect(_IDLE, msg, lsn)
-        pending = self.prepared.pop(msg.gid, None)
-        if pending is not None:
-            pending.buffer.close()
+        self._pending.rollback(msg.gid)
 
-    def _pop_stream(self, xid: int, code: int, lsn: int) -> PendingTxn:
-        pending = self._streams.pop(xid, None)
-        if pending is None:
-            raise message_error(code, f"xid {xid} was not streamed in this window", 1, lsn)
-        return pending
+    @staticmethod
+    def _ok(result: PendingTxn | str, msg: m.PgOutputMessage, lsn: int) -> PendingTxn:
+        if isinstance(result, str):
+            raise message_error(code_of(msg), result, 1, lsn)
+        return result
 
     def _replay(self, pending: PendingTxn, commit_lsn: int, end_lsn: int, commit_time: int,
                 lsn: int) -> None:
@@ -303,10 +278,7 @@ class Assembler:
         if self._state != _IDLE:
             raise DecodeError(f"pgoutput window ended {_STATE_NAMES[self._state]}: the "
                               "message sequence is incomplete")
-        for xid, pending in self._streams.items():
-            pending.buffer.close()
-            self.discarded_streams.append(xid)
-        self._streams.clear()
+        self.discarded_streams += self._pending.discard_streams()
         return self._writer.window
 
 

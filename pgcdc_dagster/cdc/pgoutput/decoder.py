@@ -18,14 +18,14 @@ from collections.abc import Callable, Iterable, Iterator
 
 from pgcdc_dagster.cdc.changes import Column, Relation
 from pgcdc_dagster.cdc.pgoutput import messages as m
+from pgcdc_dagster.cdc.pgoutput.cursor import Cursor
 from pgcdc_dagster.cdc.pgoutput.messages import MessageType, PgOutputMessage, TupleData
-from pgcdc_dagster.cdc.pgoutput.tuples import WireError, read_tuple_kinds
 from pgcdc_dagster.exceptions import DecodeError
 
 _BEGIN = struct.Struct(">QqI")  # final LSN, commit time, xid
 _COMMIT = struct.Struct(">BQQq")  # flags, commit LSN, end LSN, commit time
 _ORIGIN = struct.Struct(">Q")  # origin commit LSN (then String name)
-_XID = struct.Struct(">I")  # xid of a streamed change / relation oid
+_XID = struct.Struct(">I")  # relation oid, type oid, message length
 _REL_TAIL = struct.Struct(">Bh")  # replica identity, column count
 _COLUMN = struct.Struct(">Ii")  # type oid, typmod (after Int8 flags and String name)
 _TRUNCATE = struct.Struct(">IB")  # relation count, option bits
@@ -39,84 +39,20 @@ _PREPARE = struct.Struct(">BQQqI")  # flags, prepare/commit LSN, end LSN, time, 
 _ROLLBACK_PREPARED = struct.Struct(">BQQqqI")  # flags, prep end, rb end, prep t, rb t, xid
 
 
-class _Cursor:
-    """Bounds-checked reader over ``buf[pos:end]`` that reports offsets on error."""
-
-    __slots__ = ("buf", "end", "mtype", "pos", "start")
-
-    def __init__(self, buf: bytes, pos: int, end: int, mtype: MessageType) -> None:
-        self.buf = buf
-        self.start = pos
-        self.pos = pos + 1
-        self.end = end
-        self.mtype = mtype
-
-    def error(self, what: str, at: int | None = None) -> DecodeError:
-        offset = (self.pos if at is None else at) - self.start
-        return DecodeError(
-            f"pgoutput {self.mtype.name} message ('{self.mtype.char}'): {what} "
-            f"at byte offset {offset} (message length {self.end - self.start})")
-
-    def unpack(self, fmt: struct.Struct) -> tuple[int, ...]:
-        if self.pos + fmt.size > self.end:
-            raise self.error(f"truncated: needs {fmt.size} more bytes")
-        values: tuple[int, ...] = fmt.unpack_from(self.buf, self.pos)
-        self.pos += fmt.size
-        return values
-
-    def string(self) -> str:
-        nul = self.buf.find(b"\0", self.pos, self.end)
-        if nul < 0:
-            raise self.error("truncated: unterminated string")
-        try:
-            text = self.buf[self.pos:nul].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise self.error(f"string is not UTF-8 ({exc.reason})") from None
-        self.pos = nul + 1
-        return text
-
-    def take(self, length: int) -> bytes:
-        if self.pos + length > self.end:
-            raise self.error(f"truncated: needs {length} more bytes")
-        data = self.buf[self.pos:self.pos + length]
-        self.pos += length
-        return data
-
-    def byte(self) -> int:
-        if self.pos >= self.end:
-            raise self.error("truncated: needs 1 more byte")
-        self.pos += 1
-        return self.buf[self.pos - 1]
-
-    def tuple_data(self) -> TupleData:
-        try:
-            kinds, values, self.pos = read_tuple_kinds(self.buf, self.pos, self.end)
-        except WireError as exc:
-            raise self.error(exc.what, exc.offset) from None
-        return TupleData(kinds, values)
-
-    def stream_xid(self, in_stream: bool) -> int | None:
-        return self.unpack(_XID)[0] if in_stream else None
-
-    def finish(self) -> None:
-        if self.pos != self.end:
-            raise self.error(f"{self.end - self.pos} unexpected trailing bytes")
-
-
-def _begin(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _begin(c: Cursor, in_stream: bool) -> PgOutputMessage:
     return m.Begin(*c.unpack(_BEGIN))
 
 
-def _commit(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _commit(c: Cursor, in_stream: bool) -> PgOutputMessage:
     return m.Commit(*c.unpack(_COMMIT))
 
 
-def _origin(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _origin(c: Cursor, in_stream: bool) -> PgOutputMessage:
     (lsn,) = c.unpack(_ORIGIN)
     return m.Origin(lsn, c.string())
 
 
-def _relation(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _relation(c: Cursor, in_stream: bool) -> PgOutputMessage:
     xid = c.stream_xid(in_stream)
     (oid,) = c.unpack(_XID)
     namespace, name = c.string(), c.string()
@@ -133,13 +69,13 @@ def _relation(c: _Cursor, in_stream: bool) -> PgOutputMessage:
     return m.RelationMessage(xid, relation)
 
 
-def _type(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _type(c: Cursor, in_stream: bool) -> PgOutputMessage:
     xid = c.stream_xid(in_stream)
     (oid,) = c.unpack(_XID)
     return m.TypeMessage(xid, oid, c.string(), c.string())
 
 
-def _insert(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _insert(c: Cursor, in_stream: bool) -> PgOutputMessage:
     xid = c.stream_xid(in_stream)
     (oid,) = c.unpack(_XID)
     if (kind := c.byte()) != ord("N"):
@@ -147,7 +83,7 @@ def _insert(c: _Cursor, in_stream: bool) -> PgOutputMessage:
     return m.Insert(xid, oid, c.tuple_data())
 
 
-def _update(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _update(c: Cursor, in_stream: bool) -> PgOutputMessage:
     xid = c.stream_xid(in_stream)
     (oid,) = c.unpack(_XID)
     kind = c.byte()
@@ -161,7 +97,7 @@ def _update(c: _Cursor, in_stream: bool) -> PgOutputMessage:
     return m.Update(xid, oid, old_kind, old, c.tuple_data())
 
 
-def _delete(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _delete(c: Cursor, in_stream: bool) -> PgOutputMessage:
     xid = c.stream_xid(in_stream)
     (oid,) = c.unpack(_XID)
     kind = c.byte()
@@ -170,7 +106,7 @@ def _delete(c: _Cursor, in_stream: bool) -> PgOutputMessage:
     return m.Delete(xid, oid, chr(kind), c.tuple_data())
 
 
-def _truncate(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _truncate(c: Cursor, in_stream: bool) -> PgOutputMessage:
     xid = c.stream_xid(in_stream)
     count, options = c.unpack(_TRUNCATE)
     oids = c.unpack(struct.Struct(f">{count}I")) if count < 1 << 20 else ()
@@ -179,7 +115,7 @@ def _truncate(c: _Cursor, in_stream: bool) -> PgOutputMessage:
     return m.Truncate(xid, options, oids)
 
 
-def _message(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _message(c: Cursor, in_stream: bool) -> PgOutputMessage:
     xid = c.stream_xid(in_stream)
     flags, lsn = c.unpack(_MESSAGE)
     prefix = c.string()
@@ -187,20 +123,20 @@ def _message(c: _Cursor, in_stream: bool) -> PgOutputMessage:
     return m.Message(xid, flags, lsn, prefix, c.take(length))
 
 
-def _stream_start(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _stream_start(c: Cursor, in_stream: bool) -> PgOutputMessage:
     xid, first = c.unpack(_STREAM_START)
     return m.StreamStart(xid, bool(first))
 
 
-def _stream_stop(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _stream_stop(c: Cursor, in_stream: bool) -> PgOutputMessage:
     return m.StreamStop()
 
 
-def _stream_commit(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _stream_commit(c: Cursor, in_stream: bool) -> PgOutputMessage:
     return m.StreamCommit(*c.unpack(_STREAM_COMMIT))
 
 
-def _stream_abort(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _stream_abort(c: Cursor, in_stream: bool) -> PgOutputMessage:
     xid, subxid = c.unpack(_STREAM_ABORT)
     if c.pos == c.end:
         return m.StreamAbort(xid, subxid, None, None)
@@ -209,34 +145,34 @@ def _stream_abort(c: _Cursor, in_stream: bool) -> PgOutputMessage:
     return m.StreamAbort(xid, subxid, lsn, time)
 
 
-def _begin_prepare(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _begin_prepare(c: Cursor, in_stream: bool) -> PgOutputMessage:
     lsn, end_lsn, time, xid = c.unpack(_BEGIN_PREPARE)
     return m.BeginPrepare(lsn, end_lsn, time, xid, c.string())
 
 
-def _prepare(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _prepare(c: Cursor, in_stream: bool) -> PgOutputMessage:
     flags, lsn, end_lsn, time, xid = c.unpack(_PREPARE)
     return m.Prepare(flags, lsn, end_lsn, time, xid, c.string())
 
 
-def _commit_prepared(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _commit_prepared(c: Cursor, in_stream: bool) -> PgOutputMessage:
     flags, lsn, end_lsn, time, xid = c.unpack(_PREPARE)
     return m.CommitPrepared(flags, lsn, end_lsn, time, xid, c.string())
 
 
-def _rollback_prepared(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _rollback_prepared(c: Cursor, in_stream: bool) -> PgOutputMessage:
     flags, prepare_end, rollback_end, prepare_time, rollback_time, xid = c.unpack(
         _ROLLBACK_PREPARED)
     return m.RollbackPrepared(flags, prepare_end, rollback_end, prepare_time, rollback_time,
                               xid, c.string())
 
 
-def _stream_prepare(c: _Cursor, in_stream: bool) -> PgOutputMessage:
+def _stream_prepare(c: Cursor, in_stream: bool) -> PgOutputMessage:
     flags, lsn, end_lsn, time, xid = c.unpack(_PREPARE)
     return m.StreamPrepare(flags, lsn, end_lsn, time, xid, c.string())
 
 
-_DISPATCH: dict[int, Callable[[_Cursor, bool], PgOutputMessage]] = {
+_DISPATCH: dict[int, Callable[[Cursor, bool], PgOutputMessage]] = {
     MessageType.BEGIN: _begin,
     MessageType.COMMIT: _commit,
     MessageType.ORIGIN: _origin,
@@ -287,7 +223,7 @@ def decode(
     if handler is None:
         raise DecodeError(
             f"unknown pgoutput message type {chr(code)!r} ({code:#04x}) at byte offset 0")
-    cursor = _Cursor(buf, pos, end, MessageType(code))
+    cursor = Cursor(buf, pos, end, MessageType(code))
     message = handler(cursor, in_stream)
     cursor.finish()
     return message

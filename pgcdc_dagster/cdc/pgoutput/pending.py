@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pgcdc_dagster.cdc.pgoutput import messages as m
 from pgcdc_dagster.cdc.pgoutput.errors import decode_at, message_error
 from pgcdc_dagster.cdc.pgoutput.messages import MessageType, pg_time_to_unix_us
-from pgcdc_dagster.cdc.pgoutput.spill import TxnBuffer
+from pgcdc_dagster.cdc.pgoutput.spill import SpillBudget, TxnBuffer
 from pgcdc_dagster.cdc.pgoutput.tuples import WireError
 from pgcdc_dagster.cdc.pgoutput.writer import WindowWriter
 
@@ -37,6 +37,66 @@ class PendingTxn:
     """Messages carry the (sub)transaction xid after the type byte."""
     aborted_subxids: set[int] = field(default_factory=set)
     gid: str | None = None
+
+
+class PendingSet:
+    """The streamed transactions in flight in a window and the prepared ones (by gid).
+
+    Methods return an error text instead of raising, so the assembler can name the message
+    and LSN.
+    """
+
+    def __init__(self, budget: SpillBudget, prepared: dict[str, PendingTxn]) -> None:
+        self.budget = budget
+        self.streams: dict[int, PendingTxn] = {}
+        self.prepared = prepared
+
+    def stream(self, xid: int, first_segment: bool) -> PendingTxn | str:
+        """The transaction a Stream Start opens a block of."""
+        pending = self.streams.get(xid)
+        if pending is None:
+            if not first_segment:
+                return f"continues xid {xid} whose first segment was not in this window"
+            pending = self.streams[xid] = PendingTxn(xid, self.budget.new_buffer(), True)
+        elif first_segment:
+            return f"first segment of xid {xid} again"
+        return pending
+
+    def pop_stream(self, xid: int) -> PendingTxn | str:
+        """Remove a streamed transaction at its Stream Commit, Abort or Prepare."""
+        pending = self.streams.pop(xid, None)
+        return f"xid {xid} was not streamed in this window" if pending is None else pending
+
+    def abort(self, xid: int, subxid: int) -> str | None:
+        """Apply a Stream Abort: drop the transaction or mark the subtransaction."""
+        if xid == subxid:
+            pending = self.pop_stream(xid)
+            if isinstance(pending, str):
+                return pending
+            pending.buffer.close()
+        elif xid in self.streams:
+            self.streams[xid].aborted_subxids.add(subxid)
+        else:
+            return f"subtransaction {subxid} of xid {xid}, which was not streamed in this window"
+        return None
+
+    def begin_prepare(self, xid: int, gid: str) -> PendingTxn:
+        """A new (non-streamed) transaction between Begin Prepare and Prepare."""
+        return PendingTxn(xid, self.budget.new_buffer(), False, gid=gid)
+
+    def rollback(self, gid: str) -> None:
+        """Rollback Prepared: forget the transaction (it may be from an earlier window)."""
+        pending = self.prepared.pop(gid, None)
+        if pending is not None:
+            pending.buffer.close()
+
+    def discard_streams(self) -> list[int]:
+        """Drop the streamed transactions still open at the end of the window."""
+        xids = list(self.streams)
+        for pending in self.streams.values():
+            pending.buffer.close()
+        self.streams.clear()
+        return xids
 
 
 def replay(
