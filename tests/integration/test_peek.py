@@ -192,3 +192,36 @@ def test_explicit_protocol_versions_give_the_same_window(pg_conn) -> None:
     windows = [peek_window(pg_conn, "s", "pub", upto, proto_version=v) for v in (1, 2, 3)]
     assert windows[0] == windows[1] == windows[2]
     assert [e["op"] for e in flatten(windows[0])] == ["c"] * 10 + ["t"]
+
+
+def test_server_error_propagates_and_gc_is_restored(pg_conn) -> None:
+    cur = pg_conn.cursor()
+    _setup(cur)
+    with pytest.raises(psycopg2.errors.UndefinedObject, match="does not exist"):
+        peek_window(pg_conn, "no_such_slot", "pub", _lsn(cur))
+    assert gc.isenabled()
+
+
+def test_decode_error_drains_the_copy_and_leaves_the_connection_usable(
+        pg_conn, monkeypatch) -> None:
+    from pgcdc_dagster.cdc.pgoutput.assembler import Assembler
+
+    cur = pg_conn.cursor()
+    _setup(cur)
+    cur.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 500) g")
+    cur.execute("INSERT INTO t VALUES (1000, 'w')")
+    upto = _lsn(cur)
+    real_feed = Assembler.feed
+
+    def failing_feed(self, lsn, buf, pos=0, end=None):
+        if buf[pos] == ord("C"):
+            raise DecodeError("injected at the first Commit")
+        real_feed(self, lsn, buf, pos, end)
+
+    monkeypatch.setattr(Assembler, "feed", failing_feed)
+    with pytest.raises(DecodeError, match="injected"):
+        peek_window(pg_conn, "s", "pub", upto)
+    monkeypatch.undo()
+    cur.execute("SELECT 1")
+    assert cur.fetchone() == (1,)
+    assert len(_ids(peek_window(pg_conn, "s", "pub", upto))) == 501
