@@ -76,6 +76,24 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         "column.mask.hash.<algorithm>.with.salt.<salt>, "
         "column.mask.hash.v2.<algorithm>.with.salt.<salt>.")
 
+    skipped_operations: str = Field(
+        default="none",
+        description="skipped.operations: comma-separated c, u, d, t to leave out of bronze, or "
+        "'none'. (Debezium defaults to 't'; here truncates are captured so silver honours "
+        "them.)")
+    tombstones_on_delete: bool = Field(
+        default=False,
+        description="tombstones.on.delete: add a tombstone row (op null) after each delete.")
+    provide_transaction_metadata: bool = Field(
+        default=False,
+        description="provide.transaction.metadata: BEGIN/END records in "
+        "<lakehouse>/bronze/_pgcdc/transactions.")
+    heartbeat_interval_ms: int = Field(
+        default=0,
+        description="heartbeat.interval.ms: > 0 emits a heartbeat message at each run.")
+    heartbeat_action_query: str = Field(
+        default="", description="heartbeat.action.query: SQL run on the source at each run.")
+
     def settings(self, dsn: str, lakehouse: str) -> CaptureSettings:
         """The engine's settings for this capture."""
         modes = TypeModes(
@@ -97,6 +115,11 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             time_budget_s=self.time_budget_seconds,
             snapshot_chunk_bytes=self.snapshot_chunk_bytes,
             column_options=self.column_options(),
+            skipped_operations=self.skipped_operations,
+            tombstones_on_delete=self.tombstones_on_delete,
+            provide_transaction_metadata=self.provide_transaction_metadata,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            heartbeat_action_query=self.heartbeat_action_query,
         )
 
     def column_options(self) -> tuple[tuple[str, str], ...]:
