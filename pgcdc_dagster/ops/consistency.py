@@ -162,9 +162,19 @@ def _rows(arrays: Sequence[pa.Array] | Sequence[pa.ChunkedArray]) -> Iterable[tu
 
 
 def _wait_flushed(conn: psycopg2.extensions.connection, lsn: Lsn, timeout_s: float) -> bool:
-    """Logical decoding reads flushed WAL only (commits may be visible before the flush)."""
+    """Make WAL up to ``lsn`` durable, so that logical decoding can read it.
+
+    With ``synchronous_commit = off`` a commit is visible before its WAL is flushed, and WAL
+    in a partly filled page may wait for the next flush indefinitely. A synchronous commit
+    of a transaction with an xid (and no row change: nothing is decoded) flushes everything
+    before its commit record.
+    """
     deadline = time.monotonic() + timeout_s
     with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("SET LOCAL synchronous_commit = on")
+        cur.execute("SELECT txid_current()")
+        cur.execute("COMMIT")
         while True:
             cur.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (str(lsn),))
             if cur.fetchone()[0]:
