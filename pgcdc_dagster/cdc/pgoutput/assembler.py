@@ -95,8 +95,16 @@ class Assembler:
         code = -1
         try:
             code = buf[pos]
-            if self._state == _DIRECT and code in _CHANGES:
+            state = self._state
+            if state == _DIRECT and code in _CHANGES:
                 self._writer.change(code, lsn, buf, pos + 1, end)
+            # Begin and Commit frame every ordinary transaction: no message objects.
+            elif code == 0x42 and end - pos == 21 and state == _IDLE:  # 'B'
+                final_lsn, commit_time, xid = _BEGIN.unpack_from(buf, pos + 1)
+                self._begin_txn(xid, final_lsn, commit_time)
+            elif code == 0x43 and end - pos == 26 and state == _DIRECT:  # 'C'
+                flags, commit_lsn, end_lsn, _ = _COMMIT.unpack_from(buf, pos + 1)
+                self._commit_txn(flags, commit_lsn, end_lsn, lsn)
             else:
                 self._other(code, lsn, buf, pos, end)
         except WireError as exc:
@@ -110,15 +118,6 @@ class Assembler:
 
     def _other(self, code: int, lsn: int, buf: bytes, pos: int, end: int) -> None:
         state = self._state
-        # Begin and Commit frame every ordinary transaction: skip the message objects.
-        if code == 0x42 and end - pos == 21 and state == _IDLE:  # 'B'
-            final_lsn, commit_time, xid = _BEGIN.unpack_from(buf, pos + 1)
-            self._begin_txn(xid, final_lsn, commit_time)
-            return
-        if code == 0x43 and end - pos == 26 and state == _DIRECT:  # 'C'
-            flags, commit_lsn, end_lsn, _ = _COMMIT.unpack_from(buf, pos + 1)
-            self._commit_txn(flags, commit_lsn, end_lsn, lsn)
-            return
         if state == _STREAM or state == _PREPARING:
             pending = self._current
             assert pending is not None

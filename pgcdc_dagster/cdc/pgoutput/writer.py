@@ -267,30 +267,52 @@ class WindowWriter:
         window = self.window
         window.last_commit_end_lsn = end_lsn
         self.in_txn = False
-        self._close_run()
+        if self._last is not None:
+            self._close_run()
         if self.skip or self.order == 0:
             return None
         counts: dict[tuple[str, str], int] = {}
         for seg, start in self._touched:
-            size = len(seg.op)
-            new = size - start
-            seg.commit_lsn.extend(repeat(self.commit_lsn, new))
-            seg.xid.extend(repeat(self.xid, new))
-            seg.commit_ts_us.extend(repeat(self.commit_ts_us, new))
-            done = counts.get(seg.relation.qualified, 0)
-            seg.collection_order.extend(range(done + 1, done + new + 1))
-            counts[seg.relation.qualified] = done + new
-            _pad(seg.before, size, None)  # type: ignore[arg-type]
-            _pad(seg.before_key_only, size, False)  # type: ignore[arg-type]
-            _pad(seg.truncate_options, size, 0)  # type: ignore[arg-type]
+            qualified = seg.relation.qualified
+            done = counts.get(qualified, 0)
+            counts[qualified] = done + self._fill(seg, start, done)
         self._touched.clear()
         self._touched_ids.clear()
         info = TransactionInfo(
             self.xid, self.commit_lsn, end_lsn, self.commit_ts_us, self.order,
-            tuple((schema, table, n) for (schema, table), n in counts.items()))
+            tuple([(schema, table, n) for (schema, table), n in counts.items()]))
         window.transactions.append(info)
         window.change_count += self.order
         return info
+
+    def _fill(self, seg: TableChanges, start: int, done: int) -> int:
+        """Give the segment's rows of this transaction their per-transaction columns."""
+        size = len(seg.op)
+        new = size - start
+        if new == 1:  # small transactions: appends beat extend(repeat(...))
+            seg.commit_lsn.append(self.commit_lsn)
+            seg.xid.append(self.xid)
+            seg.commit_ts_us.append(self.commit_ts_us)
+            seg.collection_order.append(done + 1)
+            # The sparse lists were full before this transaction: at most one is missing.
+            if len(seg.before) != size:
+                seg.before.append(None)
+            if len(seg.before_key_only) != size:
+                seg.before_key_only.append(False)
+            if len(seg.truncate_options) != size:
+                seg.truncate_options.append(0)
+            return 1
+        seg.commit_lsn.extend(repeat(self.commit_lsn, new))
+        seg.xid.extend(repeat(self.xid, new))
+        seg.commit_ts_us.extend(repeat(self.commit_ts_us, new))
+        seg.collection_order.extend(range(done + 1, done + new + 1))
+        if len(seg.before) != size:
+            _pad(seg.before, size, None)  # type: ignore[arg-type]
+        if len(seg.before_key_only) != size:
+            _pad(seg.before_key_only, size, False)  # type: ignore[arg-type]
+        if len(seg.truncate_options) != size:
+            _pad(seg.truncate_options, size, 0)  # type: ignore[arg-type]
+        return new
 
     def nontransactional_message(self, lsn: int, prefix: str, content: bytes) -> None:
         """Record a message emitted with ``transactional => false`` (never rolled back)."""
