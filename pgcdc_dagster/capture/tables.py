@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import psycopg2.extensions
@@ -89,19 +90,43 @@ class TableContext:
             return seg, self.converters
         cached = self._shapes.get(seg.relation)
         if cached is None:
-            by_name = dict(zip([c.name for c in relation.columns], plain, strict=True))
-            convs = [by_name[n] for n in keep]
-            if self.options:
-                _, shaped = self.options.shape(seg.relation, convs, {})
-                convs = list(shaped)
-            cached = self._shapes[seg.relation] = tuple(convs)
+            cached = self._shapes[seg.relation] = self._converters_for(seg.relation, plain,
+                                                                       relation)
         return seg, cached
+
+    def _converters_for(self, shaped: Relation, plain: Sequence[ColumnConverter],
+                        full: Relation) -> tuple[ColumnConverter, ...]:
+        """Converters of a shape the context was not built for: the context's own for the
+        columns it knows unchanged (so their schemas, and the Delta field metadata, stay
+        the same), the plain ones, with the column options applied, for the others."""
+        by_name = dict(zip([c.name for c in full.columns], plain, strict=True))
+        mine = {c.name: (c, conv) for c, conv in zip(self.relation.columns, self.converters,
+                                                     strict=True)}
+        fresh = [c for c in shaped.columns if c.name not in mine or not _same_column(
+            mine[c.name][0], c)]
+        mapped: dict[str, ColumnConverter] = {}
+        if fresh:
+            sub = dataclasses.replace(shaped, columns=tuple(fresh))
+            _, convs = self.options.shape(sub, [by_name[c.name] for c in fresh], {})
+            mapped = {c.name: conv for c, conv in zip(fresh, convs, strict=True)}
+        return tuple(mapped[c.name] if c.name in mapped else mine[c.name][1]
+                     for c in shaped.columns)
+
+
+def _same_column(a: Column, b: Column) -> bool:
+    return (a.name, a.type_oid, a.typmod) == (b.name, b.type_oid, b.typmod)
 
 
 def converters_for(columns: Sequence[Column], types: dict[int, object],
-                   modes: TypeModes) -> list[ColumnConverter]:
-    """One converter per column (dropped columns included, flagged ``dropped``)."""
-    return [converter_for(c.name, types[c.type_oid], c.typmod, modes)  # type: ignore[arg-type]
+                   modes: TypeModes, *, not_null: Collection[str] = ()
+                   ) -> list[ColumnConverter]:
+    """One converter per column (dropped columns included, flagged ``dropped``).
+
+    Columns named in ``not_null`` get required (``optional: false``) schemas, as Debezium
+    gives NOT NULL columns (EVT-08/09), and the type's zero for a missing value.
+    """
+    return [converter_for(c.name, types[c.type_oid], c.typmod, modes,  # type: ignore[arg-type]
+                          nullable=c.name not in not_null)
             for c in columns]
 
 

@@ -392,3 +392,25 @@ def test_context_shape_handles_a_column_added_mid_stream():
     assert rows[0]["after"]["extra"] == "***" and "hidden" not in rows[0]["after"]
     _, convs2 = ctx.shape(_segment(USERS), converters)
     assert convs2 is ctx.converters
+
+
+def test_new_stream_shape_keeps_the_contexts_converters_for_known_columns():
+    """Same schemas (and Delta field metadata) for the columns the context knows, so the
+    bronze schema merge of a column added mid-stream only adds the new column."""
+    ctx = _context(("column.propagate.source.type", r"public\.users\.name"))
+    wider = Relation(1, "public", "users", "d", (*USERS.columns,
+                                                 Column("extra", 25, -1, False)))
+    seg = _segment(USERS)
+    seg.relation = wider
+    seg.after = [None if r is None else (*r, b"x") for r in seg.after]
+    seg.before = [None if r is None else (*r, None) for r in seg.before]
+    _, convs = ctx.shape(seg, converters)
+    assert all(a is b for a, b in zip(convs, ctx.converters, strict=False))
+    retyped = Relation(1, "public", "users", "d", (
+        *USERS.columns[:1], Column("name", 1043, 20 + 4, False), *USERS.columns[2:]))
+    seg = _segment(USERS)
+    seg.relation = retyped
+    _, convs = ctx.shape(seg, converters)
+    assert convs[1] is not ctx.converters[1] and convs[0] is ctx.converters[0]
+    assert convs[1].connect_schema()["parameters"]["__debezium.source.column.type"] == \
+        "VARCHAR"

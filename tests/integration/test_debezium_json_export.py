@@ -1,0 +1,297 @@
+"""Debezium JSON export of a real capture (issue 4 item 2; "How it is shown": an export of an
+insert, update, delete and truncate event has exactly the field names, types and schema names
+of Debezium's PostgreSQL events).
+
+The seeds' customers table (000 §7.3.1) captured by snapshot and stream; expected layouts are
+the seeds' examples (EVT-08, EVT-21..25) as the JsonConverter writes them, with D-05 (string
+``snapshot``), D-06 (``sequence``) and D-11 (``<prefix>.<schema>.<table>``) resolved.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pytest
+
+from pgcdc_dagster.capture.runner import run_bronze
+from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.capture.snapshot import load_contexts
+from pgcdc_dagster.cdc.debezium_json import FORMATS, table_codec
+from pgcdc_dagster.export import export_table, main
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+PREFIX = "PostgreSQL_server"
+
+
+def f(kind: str, name: str, optional: bool = False) -> dict:
+    return {"type": kind, "optional": optional, "field": name}
+
+
+NOT_NULL = True
+"""``optional`` of a NOT NULL column. Debezium writes false (EVT-08/09); the capture does not
+yet build its converters with NOT NULL (see docs/debezium-json.md, change requests), so bronze
+and the export say true. ``test_not_null_columns_are_required`` tracks it."""
+
+KEY_SCHEMA = {"type": "struct", "fields": [f("int32", "id", NOT_NULL)], "optional": False,
+              "name": "PostgreSQL_server.public.customers.Key"}
+ROW_FIELDS = [f("int32", "id", NOT_NULL), f("string", "first_name", NOT_NULL),
+              f("string", "last_name", NOT_NULL), f("string", "email", NOT_NULL)]
+SOURCE_FIELDS = [
+    f("string", "version"), f("string", "connector"), f("string", "name"), f("int64", "ts_ms"),
+    {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
+     "parameters": {"allowed": FORMATS["3.1"].snapshot_allowed}, "default": "false",
+     "field": "snapshot"},
+    f("string", "db"), f("string", "sequence", True), f("int64", "ts_us", True),
+    f("int64", "ts_ns", True), f("string", "schema"), f("string", "table"),
+    f("int64", "txId", True), f("int64", "lsn", True), f("int64", "xmin", True),
+]
+
+
+def envelope(table: str, row_fields: list[dict]) -> dict:
+    stem = f"{PREFIX}.public.{table}"
+    return {
+        "type": "struct",
+        "fields": [
+            {"type": "struct", "fields": row_fields, "optional": True, "name": f"{stem}.Value",
+             "field": "before"},
+            {"type": "struct", "fields": row_fields, "optional": True, "name": f"{stem}.Value",
+             "field": "after"},
+            {"type": "struct", "fields": SOURCE_FIELDS, "optional": False,
+             "name": "io.debezium.connector.postgresql.Source", "version": 1,
+             "field": "source"},
+            {"type": "struct", "fields": [f("string", "id"), f("int64", "total_order"),
+                                          f("int64", "data_collection_order")],
+             "optional": True, "name": "event.block", "version": 1, "field": "transaction"},
+            f("string", "op"), f("int64", "ts_ms", True), f("int64", "ts_us", True),
+            f("int64", "ts_ns", True),
+        ],
+        "optional": False, "name": f"{stem}.Envelope", "version": 2,
+    }
+
+
+PRICE_FIELDS = [
+    f("int32", "id", NOT_NULL),
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+     "version": 1, "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+     "field": "amount"},
+    f("float32", "ratio", True),
+    {"type": "array", "items": {"type": "string", "optional": True}, "optional": True,
+     "field": "tags"},
+    f("bytes", "raw", True),
+    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp",
+     "version": 1, "field": "at"},
+]
+
+
+@pytest.fixture
+def captured(pg_dsn, pg_conn, spark, lakehouse):
+    with pg_conn.cursor() as cur:
+        cur.execute("""
+            CREATE TABLE customers (id SERIAL, first_name VARCHAR(255) NOT NULL,
+                last_name VARCHAR(255) NOT NULL, email VARCHAR(255) NOT NULL, PRIMARY KEY(id));
+            CREATE TABLE prices (id int PRIMARY KEY, amount numeric(10,2), ratio real,
+                tags text[], raw bytea, at timestamptz);
+            ALTER TABLE prices REPLICA IDENTITY FULL;
+            INSERT INTO customers (first_name, last_name, email)
+                VALUES ('Anne', 'Kretchmar', 'annek@noanswer.org');
+            INSERT INTO prices VALUES (1, 12.34, 1.1, '{a,NULL}', '\\x00ff',
+                '2018-06-20 15:13:16.945104+00');
+        """)
+        cur.execute("SELECT current_database()")
+        db = cur.fetchone()[0]
+    settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), include=("public\\..*",),
+                               slot="dbzjson", publication="dbzjson", topic_prefix=PREFIX,
+                               tombstones_on_delete=True, provide_transaction_metadata=True)
+    run_bronze(settings, spark, force_snapshot_step=True)
+    with pg_conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO customers (first_name, last_name, email) "
+                    "VALUES ('Bob', 'Builder', 'bob@example.org')")
+        cur.execute("UPDATE customers SET first_name = 'Anne Marie' WHERE id = 1")
+        cur.execute("SELECT pg_logical_emit_message(true, 'foo', 'bar')")
+        cur.execute("COMMIT")
+        cur.execute("UPDATE prices SET amount = 20.00, tags = '{}' WHERE id = 1")
+        cur.execute("DELETE FROM customers WHERE id = 1")
+        cur.execute("SELECT pg_logical_emit_message(false, 'foo', '\\x00ff'::bytea)")
+        cur.execute("TRUNCATE prices")
+    run_bronze(settings, spark, force_snapshot_step=False)
+    return settings, db
+
+
+def test_customers_events_have_debezium_layout(captured):
+    settings, db = captured
+    records = list(export_table(settings.lakehouse, "public", "customers",
+                                transaction_metadata=True))
+    ops = [r.value["payload"]["op"] if r.value else None for r in records]
+    assert ops == ["r", "c", "u", "d", None]
+    snap, create, update, delete, tomb = records
+    for record in records:
+        assert record.topic == "PostgreSQL_server.public.customers"
+        assert record.key["schema"] == KEY_SCHEMA
+        assert list(record.key["schema"]) == ["type", "fields", "optional", "name"]
+        if record.value is not None:
+            assert record.value["schema"] == envelope("customers", ROW_FIELDS)
+            assert list(record.value["payload"]) == [
+                "before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"]
+            src = record.value["payload"]["source"]
+            assert list(src) == [x["field"] for x in SOURCE_FIELDS]
+            assert (src["connector"], src["name"], src["db"], src["schema"], src["table"]) == \
+                ("postgresql", PREFIX, db, "public", "customers")
+            assert src["ts_ns"] == src["ts_us"] * 1000 and src["ts_us"] // 1000 == src["ts_ms"]
+            assert isinstance(src["lsn"], int) and len(json.loads(src["sequence"])) == 2
+            payload = record.value["payload"]
+            assert payload["ts_us"] == payload["ts_ms"] * 1000
+    anne = {"id": 1, "first_name": "Anne", "last_name": "Kretchmar",
+            "email": "annek@noanswer.org"}
+    # EVT-21 (snapshot read, op r)
+    assert snap.key["payload"] == {"id": 1}
+    assert snap.value["payload"]["after"] == anne and snap.value["payload"]["before"] is None
+    assert snap.value["payload"]["source"]["snapshot"] in ("true", "first", "last",
+                                                           "first_in_data_collection",
+                                                           "last_in_data_collection")
+    assert snap.value["payload"]["transaction"] is None
+    # insert
+    c = create.value["payload"]
+    assert create.key["payload"] == {"id": 2}
+    assert c["after"] == {"id": 2, "first_name": "Bob", "last_name": "Builder",
+                          "email": "bob@example.org"}
+    assert c["source"]["snapshot"] == "false" and isinstance(c["source"]["txId"], int)
+    commit_lsn = json.loads(c["source"]["sequence"])[0]
+    assert c["transaction"]["id"] == f"{c['source']['txId']}:{commit_lsn}"
+    assert c["transaction"]["total_order"] == 1
+    # EVT-22: REPLICA IDENTITY DEFAULT and an unchanged key: pgoutput sends no old tuple
+    u = update.value["payload"]
+    assert u["before"] is None and u["after"] == {**anne, "first_name": "Anne Marie"}
+    assert u["source"]["txId"] == c["source"]["txId"]
+    assert u["transaction"]["total_order"] == 2
+    # EVT-23: the old key (the NOT NULL fallbacks of the other columns: see below)
+    d = delete.value["payload"]
+    assert d["before"]["id"] == 1 and set(d["before"]) == {x["field"] for x in ROW_FIELDS}
+    assert d["after"] is None and delete.key["payload"] == {"id": 1}
+    # STR-71: the tombstone
+    assert tomb.key == delete.key and tomb.value is None
+
+
+STREAM_HOOK = pytest.mark.xfail(
+    strict=True,
+    reason="the stream encodes with its own converters until capture/bronze_write.py calls "
+           "TableContext.shape (change request in docs/debezium-json.md); remove this marker "
+           "when it does")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="build_context does not yet give NOT NULL columns required schemas: it needs the "
+           "stream hook and a schema evolution that accepts changed field metadata (change "
+           "requests in docs/debezium-json.md); remove this marker when it does")
+def test_not_null_columns_are_required(captured):
+    """EVT-08/09: Debezium's schemas of NOT NULL columns (and so of primary keys) are
+    required."""
+    settings, _ = captured
+    record = next(export_table(settings.lakehouse, "public", "customers"))
+    assert record.key["schema"]["fields"] == [f("int32", "id")]
+    assert record.value["schema"]["fields"][1]["fields"] == [
+        f("int32", "id"), f("string", "first_name"), f("string", "last_name"),
+        f("string", "email")]
+
+
+@STREAM_HOOK
+def test_delete_before_image_has_not_null_fallbacks(captured):
+    """EVT-23 under REPLICA IDENTITY DEFAULT: the key, and the other (NOT NULL) columns as
+    their type's zero, as Debezium's ``convertValue`` writes them."""
+    settings, _ = captured
+    records = list(export_table(settings.lakehouse, "public", "customers"))
+    delete = next(r for r in records if r.value and r.value["payload"]["op"] == "d")
+    assert delete.value["payload"]["before"] == {"id": 1, "first_name": "", "last_name": "",
+                                                 "email": ""}
+
+
+def test_column_values_truncate_and_full_identity(captured):
+    settings, _ = captured
+    records = list(export_table(settings.lakehouse, "public", "prices"))
+    ops = [r.value["payload"]["op"] for r in records]
+    assert ops == ["r", "u", "t"]
+    snap, update, truncate = records
+    assert snap.value["schema"] == envelope("prices", PRICE_FIELDS)
+    row = {"id": 1, "amount": base64.b64encode((1234).to_bytes(2, "big")).decode(),
+           "ratio": 1.1, "tags": ["a", None], "raw": "AP8=", "at": "2018-06-20T15:13:16.945104Z"}
+    assert snap.value["payload"]["after"] == row
+    # REPLICA IDENTITY FULL: the whole old row (STR-42)
+    u = update.value["payload"]
+    assert u["before"] == row
+    assert u["after"] == {**row, "amount": base64.b64encode((2000).to_bytes(2, "big")).decode(),
+                          "tags": []}
+    assert u["transaction"] is None  # provide.transaction.metadata off in this export
+    # EVT-16 / STR-53: no key; the value holds source, op and ts_ms only
+    assert truncate.key is None
+    t = truncate.value["payload"]
+    assert truncate.value["schema"] == envelope("prices", PRICE_FIELDS)
+    assert t["before"] is None and t["after"] is None and t["op"] == "t"
+    assert {k for k, v in t.items() if v is not None} == {"source", "op", "ts_ms", "ts_us",
+                                                          "ts_ns"}
+    assert t["source"]["table"] == "prices" and isinstance(t["source"]["txId"], int)
+
+
+def test_messages_and_transactions(captured):
+    settings, _ = captured
+    messages = list(export_table(settings.lakehouse, "_pgcdc", "messages"))
+    assert [m.value["payload"]["message"] for m in messages] == [
+        {"prefix": "foo", "content": "YmFy"},  # b"bar": EVT-25's "Ymfy" is illustrative (D-22)
+        {"prefix": "foo", "content": "AP8="}]
+    transactional, plain = messages
+    for record in messages:
+        assert record.topic == "PostgreSQL_server.message"
+        assert record.key == {
+            "schema": {"type": "struct", "fields": [f("string", "prefix", True)],
+                       "optional": False, "name": "io.debezium.connector.postgresql.MessageKey",
+                       "version": 1},
+            "payload": {"prefix": "foo"}}
+        value = record.value
+        assert value["schema"]["name"] == "io.debezium.connector.postgresql.MessageValue"
+        assert [x["field"] for x in value["schema"]["fields"]] == ["op", "ts_ms", "source",
+                                                                   "message"]
+        src = value["payload"]["source"]
+        assert (src["schema"], src["table"], src["snapshot"]) == ("", "", "false")
+        assert value["payload"]["op"] == "m"
+    assert isinstance(transactional.value["payload"]["source"]["txId"], int)
+    assert plain.value["payload"]["source"]["txId"] is None
+    hexed = list(export_table(settings.lakehouse, "_pgcdc", "messages", binary_mode="hex"))
+    assert hexed[1].value["payload"]["message"]["content"] == "00ff"
+    txs = list(export_table(settings.lakehouse, "_pgcdc", "transactions", topic_prefix=PREFIX))
+    assert {t.value["payload"]["status"] for t in txs} == {"BEGIN", "END"}
+    assert all(t.topic == "PostgreSQL_server.transaction" for t in txs)
+
+
+def test_export_from_metadata_equals_export_from_converters(captured):
+    settings, _ = captured
+    ctx = next(c for c in load_contexts(settings) if c.relation.name == "prices")
+    codec = table_codec(ctx.relation, ctx.converters, PREFIX)
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(ctx.bronze_uri).to_pyarrow_table().sort_by("__commit_lsn").to_pylist()
+    exported = list(export_table(settings.lakehouse, "public", "prices"))
+    assert [codec.record(r) for r in rows] == exported
+
+
+def test_command_line(captured, capsys):
+    settings, _ = captured
+    out = io.StringIO()
+    assert main(["--lakehouse", settings.lakehouse, "--table", "public.customers",
+                 "--limit", "2"], out=out) == 0
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["value"]["payload"]["op"] for line in lines] == ["r", "c"]
+    assert lines[0]["topic"] == "PostgreSQL_server.public.customers"
+    assert lines[0]["key"]["payload"] == {"id": 1}
+    out = io.StringIO()
+    assert main(["--lakehouse", settings.lakehouse, "--table", "public.customers",
+                 "--value-only", "--format", "2.7", "--topic-prefix", "other"], out=out) == 0
+    values = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert values[-1] is None  # the tombstone
+    assert values[0]["schema"]["name"] == "other.public.customers.Envelope"
+    assert "version" not in values[0]["schema"]["fields"][2]
+    assert main(["--lakehouse", settings.lakehouse, "--table", "public.nothere"]) == 2
+    assert "no bronze table" in capsys.readouterr().err
+    assert main(["--lakehouse", settings.lakehouse, "--table", "customers"]) == 2
