@@ -34,12 +34,28 @@ class CaptureSettings:
     window_max_bytes: int = 64 << 20
     """Largest WAL span one window reads (transactions are never split, so a transaction
     larger than this arrives whole in the window where it commits)."""
+    window_max_changes: int = 500_000
+    """``upto_nchanges`` of a window (0: no cap). PostgreSQL checks it between records, so a
+    window ends at its last whole transaction when the cap is reached."""
     max_windows: int = 1000
     """Windows one micro-batch run may read before it returns."""
     time_budget_s: float = 600.0
     """Seconds a micro-batch run may spend before it stops at a window boundary."""
     snapshot_chunk_bytes: int = 64 << 20
-    """Heap bytes per snapshot chunk (CTID range)."""
+    """Heap bytes per snapshot chunk (a key range, or a CTID range for a table without key)."""
+    snapshot_include: tuple[str, ...] = ()
+    """``snapshot.include.collection.list``: ``schema.table`` regular expressions of the
+    captured tables to snapshot; the others stream from the snapshot's point without their
+    existing rows. Empty = every captured table."""
+    snapshot_select_overrides: tuple[tuple[str, str], ...] = ()
+    """``snapshot.select.statement.overrides``: ``(schema.table, SELECT)`` pairs (Debezium's
+    ``snapshot.select.statement.overrides.<schema>.<table>`` properties); the SELECT decides
+    which rows the snapshot reads and must be one read-only SELECT returning the columns."""
+    snapshot_fetch_size: int = 10240
+    """``snapshot.fetch.size``: rows per read; sizes the COPY parser's block (this many rows
+    of the table's average width), so it bounds each reader's memory."""
+    snapshot_max_threads: int = 0
+    """``snapshot.max.threads``: chunks read at once; 0 = Spark's default parallelism."""
     skipped_operations: str = "none"
     """``skipped.operations``: c, u, d, t (comma-separated) or ``none``. Debezium's default
     is ``t``; here truncates are captured by default because silver must honour them."""

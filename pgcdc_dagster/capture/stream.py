@@ -23,7 +23,7 @@ from pgcdc_dagster.capture.bronze_write import BronzeWindowWriter, parse_skipped
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.tables import TableContext, converters_for
-from pgcdc_dagster.cdc.changes import Relation
+from pgcdc_dagster.cdc.changes import Relation, Window
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
@@ -106,6 +106,31 @@ def heartbeat(conn: psycopg2.extensions.connection, settings: CaptureSettings) -
                         (HEARTBEAT_PREFIX,))
 
 
+def window_end(window: Window, upto: Lsn, cap: int | None) -> Lsn:
+    """The position a window covers exactly, for the bronze commit and the slot advance.
+
+    Without truncation the window holds exactly the transactions whose commit record starts
+    before ``upto``, which are the ones a slot confirmed at ``upto`` skips. With
+    ``upto_nchanges`` PostgreSQL stops after the record whose output reached the cap (it counts
+    every row: BEGIN, COMMIT, RELATION, messages); that record is a commit or a
+    non-transactional message, so the window then ends just after the later of the two.
+    """
+    if cap is None or not _maybe_truncated(window, cap):
+        return upto
+    ends = [int(window.last_commit_end_lsn)] if window.transactions else []
+    ends += [int(m.lsn) + 1 for m in window.messages if not m.transactional]
+    if not ends:
+        return upto
+    return Lsn(min(int(upto), max(ends)))
+
+
+def _maybe_truncated(window: Window, cap: int) -> bool:
+    """An upper bound of the rows the peek returned reached the cap."""
+    rows = (window.change_count + 2 * len(window.transactions)
+            + 2 * len(window.segments()) + 16)
+    return rows >= cap
+
+
 def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                 ident: SourceIdentity) -> StreamReport:
     """Read and write windows until caught up, out of windows, or out of time."""
@@ -135,20 +160,21 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                 break
             upto = Lsn(min(int(flushed), int(position) + settings.window_max_bytes))
             w_started = time.monotonic()
-            window = peek_window(conn, settings.slot, settings.publication, upto)
+            cap = settings.window_max_changes or None
+            window = peek_window(conn, settings.slot, settings.publication, upto,
+                                 upto_nchanges=cap)
             crash_point("after_decode")
+            end = window_end(window, upto, cap)
             writer.add(window)
-            counts = writer.commit(upto)
+            counts = writer.commit(end)
             crash_point("after_bronze_commit")
-            # Only after every bronze commit may the slot forget the window. The window holds
-            # exactly the transactions whose commit record starts before ``upto``, and those
-            # are the ones a slot confirmed at ``upto`` skips.
-            advance_slot(conn, settings.slot, upto)
+            # Only after every bronze commit may the slot forget the window.
+            advance_slot(conn, settings.slot, end)
             crash_point("after_advance")
-            report.windows.append(WindowReport(position, upto, window.change_count,
+            report.windows.append(WindowReport(position, end, window.change_count,
                                                len(window.transactions), counts,
                                                time.monotonic() - w_started))
-            position = upto
+            position = end
         report.end = position
         final = require_usable_slot(conn, settings.slot)
         report.slot_lag_bytes = final.lag_bytes
