@@ -27,16 +27,14 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from pgcdc_dagster.cdc.debezium_json import (
-    BINARY_MODES,
     DEFAULT_FORMAT,
     FORMATS,
     DebeziumRecord,
     TableCodec,
-    dumps,
-    message_to_json,
     table_codec_from_bronze,
-    transaction_to_json,
 )
+from pgcdc_dagster.cdc.debezium_records import BINARY_MODES, message_to_json, transaction_to_json
+from pgcdc_dagster.cdc.jackson import dumps
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import open_table
 from pgcdc_dagster.lake.paths import table_uri

@@ -13,12 +13,10 @@ payload fields follow the schema's field order:
 * value: struct ``<prefix>.<schema>.<table>.Envelope`` (EVT-09/10) with ``before``/``after``
   (optional ``<...>.Value``, EVT-11), ``source`` (``io.debezium.connector.postgresql.Source``,
   EVT-17..20, D-05, D-06), ``transaction`` (optional ``event.block``, EVT-14/STR-69), ``op``
-  (EVT-12), ``ts_ms`` (EVT-13) and, as Debezium 2.6+ writes them, ``ts_us``/``ts_ns``;
-* message events (``op = m``, EVT-15/25, STR-60/61): key ``io.debezium.connector.postgresql.
-  MessageKey`` {prefix}, value ``...MessageValue`` {op, ts_ms, source, message{prefix,
-  content}}, the content encoded per ``binary.handling.mode``;
-* transaction metadata records (STR-66/67): ``io.debezium.connector.common.Transaction
-  MetadataKey`` / ``...TransactionMetadataValue``.
+  (EVT-12), ``ts_ms`` (EVT-13) and, as Debezium 2.6+ writes them, ``ts_us``/``ts_ns``.
+
+Message events and transaction metadata records are in ``debezium_records.py``; the JSON
+text (Jackson's number formats) in ``jackson.py``.
 
 The layout is Debezium's own code, not the seeds' illustrations, where they differ (the seeds'
 key example writes ``"INT32"``, ``"index"`` and string booleans; its ``source`` omits
@@ -30,11 +28,8 @@ strings), with FLOAT32 values written as Java's ``Float.toString`` digits.
 
 from __future__ import annotations
 
-import base64
 import json
-import math
 import re
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +37,8 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc_dagster.cdc.changes import Relation
+from pgcdc_dagster.cdc.jackson import dumps, java_numbers
 from pgcdc_dagster.cdc.typeconv import ColumnConverter, ConnectSchema
-from pgcdc_dagster.cdc.typeconv.javafmt import java_double_string
 from pgcdc_dagster.exceptions import ConfigurationError
 
 Json = dict[str, Any]
@@ -51,12 +46,6 @@ Row = Mapping[str, Any]
 
 SOURCE_SCHEMA_NAME = "io.debezium.connector.postgresql.Source"
 TRANSACTION_BLOCK_NAME = "event.block"
-MESSAGE_KEY_NAME = "io.debezium.connector.postgresql.MessageKey"
-MESSAGE_VALUE_NAME = "io.debezium.connector.postgresql.MessageValue"
-MESSAGE_BLOCK_NAME = "io.debezium.connector.postgresql.Message"
-TX_KEY_NAME = "io.debezium.connector.common.TransactionMetadataKey"
-TX_VALUE_NAME = "io.debezium.connector.common.TransactionMetadataValue"
-TX_COLLECTION_NAME = "event.collection"
 PROPAGATED_PREFIX = "__debezium.source.column."
 
 
@@ -87,7 +76,6 @@ FORMATS: dict[str, DebeziumFormat] = {
 
 DEFAULT_FORMAT = "3.1"
 ENVELOPE_VERSION = 2
-BINARY_MODES = ("bytes", "base64", "base64-url-safe", "hex")
 
 
 def debezium_format(name: str) -> DebeziumFormat:
@@ -102,11 +90,11 @@ def debezium_format(name: str) -> DebeziumFormat:
 
 # Schemas ---------------------------------------------------------------------------------
 
-def _prim(kind: str, optional: bool, field: str) -> Json:
+def prim(kind: str, optional: bool, field: str) -> Json:
     return {"type": kind, "optional": optional, "field": field}
 
 
-def _struct(fields: list[Json], *, optional: bool, name: str | None = None,
+def struct_schema(fields: list[Json], *, optional: bool, name: str | None = None,
             version: int | None = None, field: str | None = None) -> Json:
     out: Json = {"type": "struct", "fields": fields, "optional": optional}
     if name is not None:
@@ -124,20 +112,20 @@ def source_schema(fmt: DebeziumFormat, field: str | None = "source") -> Json:
                       "version": 1, "parameters": {"allowed": fmt.snapshot_allowed},
                       "default": "false", "field": "snapshot"}
     fields = [
-        _prim("string", False, "version"), _prim("string", False, "connector"),
-        _prim("string", False, "name"), _prim("int64", False, "ts_ms"), snapshot,
-        _prim("string", False, "db"), _prim("string", True, "sequence"),
-        _prim("int64", True, "ts_us"), _prim("int64", True, "ts_ns"),
-        _prim("string", False, "schema"), _prim("string", False, "table"),
-        _prim("int64", True, "txId"), _prim("int64", True, "lsn"), _prim("int64", True, "xmin"),
+        prim("string", False, "version"), prim("string", False, "connector"),
+        prim("string", False, "name"), prim("int64", False, "ts_ms"), snapshot,
+        prim("string", False, "db"), prim("string", True, "sequence"),
+        prim("int64", True, "ts_us"), prim("int64", True, "ts_ns"),
+        prim("string", False, "schema"), prim("string", False, "table"),
+        prim("int64", True, "txId"), prim("int64", True, "lsn"), prim("int64", True, "xmin"),
     ]
-    return _struct(fields, optional=False, name=SOURCE_SCHEMA_NAME, version=fmt.source_version,
-                   field=field)
+    return struct_schema(fields, optional=False, name=SOURCE_SCHEMA_NAME,
+                         version=fmt.source_version, field=field)
 
 
-TRANSACTION_BLOCK: Json = _struct(
-    [_prim("string", False, "id"), _prim("int64", False, "total_order"),
-     _prim("int64", False, "data_collection_order")],
+TRANSACTION_BLOCK: Json = struct_schema(
+    [prim("string", False, "id"), prim("int64", False, "total_order"),
+     prim("int64", False, "data_collection_order")],
     optional=True, name=TRANSACTION_BLOCK_NAME, version=1, field="transaction")
 """The envelope's ``transaction`` field (EVT-14, STR-69)."""
 
@@ -156,43 +144,6 @@ def schema_from_json(schema: Mapping[str, Any]) -> ConnectSchema:
                          params, fields, items, keys, values)
 
 
-# Java number formatting ------------------------------------------------------------------
-
-def float32_value(value: float) -> float:
-    """The float whose shortest digits are ``Float.toString`` of the FLOAT32 ``value``."""
-    if math.isnan(value) or math.isinf(value) or value == 0:
-        return value
-    target = _as_float32(value)
-    for digits in range(1, 10):
-        candidate = float(f"{target:.{digits}g}")
-        if _as_float32(candidate) == target:
-            return candidate
-    return target
-
-
-def _as_float32(value: float) -> float:
-    rounded: float = struct.unpack("<f", struct.pack("<f", value))[0]
-    return rounded
-
-
-def _java_numbers(schema: Mapping[str, Any], value: Any) -> Any:
-    """Give FLOAT32 values (at any depth) their Java ``Float.toString`` digits."""
-    if value is None:
-        return None
-    kind = schema.get("type")
-    if kind == "float32" and isinstance(value, float):
-        return float32_value(value)
-    if kind == "array" and isinstance(value, list) and "items" in schema:
-        return [_java_numbers(schema["items"], v) for v in value]
-    if kind == "struct" and isinstance(value, dict):
-        by_name = {f["field"]: f for f in schema.get("fields", ())}
-        return {k: _java_numbers(by_name[k], v) if k in by_name else v
-                for k, v in value.items()}
-    if kind == "map" and isinstance(value, dict) and "values" in schema:
-        return {k: _java_numbers(schema["values"], v) for k, v in value.items()}
-    return value
-
-
 # Fields and tables -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -208,7 +159,7 @@ class FieldCodec:
         return {**self.schema, "field": self.name}
 
     def value(self, raw: object) -> object:
-        return _java_numbers(self.schema, self.encode(raw))
+        return java_numbers(self.schema, self.encode(raw))
 
     @classmethod
     def of_converter(cls, conv: ColumnConverter) -> FieldCodec:
@@ -271,9 +222,14 @@ def adjust_schema_name(name: str, mode: str = "none") -> str:
     return "".join(out)
 
 
+def sanitize_topic(name: str) -> str:
+    """Replace the characters a Kafka topic name cannot hold by ``_`` (EVT-30)."""
+    return _TOPIC_INVALID.sub("_", name)
+
+
 def topic_name(prefix: str, schema: str, table: str) -> str:
     """``<topic.prefix>.<schema>.<table>`` with invalid topic characters replaced (EVT-27)."""
-    return _TOPIC_INVALID.sub("_", f"{prefix}.{schema}.{table}")
+    return sanitize_topic(f"{prefix}.{schema}.{table}")
 
 
 @dataclass(frozen=True)
@@ -302,21 +258,21 @@ class TableCodec:
 
     def key_schema(self) -> Json:
         """``<prefix>.<schema>.<table>.Key`` (EVT-08)."""
-        return _struct([f.field_schema() for f in self.key_fields], optional=False,
+        return struct_schema([f.field_schema() for f in self.key_fields], optional=False,
                        name=f"{self.schema_prefix}.Key")
 
     def row_schema(self, field: str) -> Json:
         """``<prefix>.<schema>.<table>.Value`` as the ``before``/``after`` field (EVT-10)."""
-        return _struct([f.field_schema() for f in self.value_fields], optional=True,
+        return struct_schema([f.field_schema() for f in self.value_fields], optional=True,
                        name=f"{self.schema_prefix}.Value", field=field)
 
     def value_schema(self) -> Json:
         """``<prefix>.<schema>.<table>.Envelope`` (EVT-09), in Debezium's field order."""
         fields = [self.row_schema("before"), self.row_schema("after"), source_schema(self.fmt),
-                  TRANSACTION_BLOCK, _prim("string", False, "op"),
-                  _prim("int64", True, "ts_ms"), _prim("int64", True, "ts_us"),
-                  _prim("int64", True, "ts_ns")]
-        out = _struct(fields, optional=False, name=f"{self.schema_prefix}.Envelope")
+                  TRANSACTION_BLOCK, prim("string", False, "op"),
+                  prim("int64", True, "ts_ms"), prim("int64", True, "ts_us"),
+                  prim("int64", True, "ts_ns")]
+        out = struct_schema(fields, optional=False, name=f"{self.schema_prefix}.Envelope")
         out["version"] = ENVELOPE_VERSION
         return out
 
@@ -434,122 +390,3 @@ def event_to_json(row: Row, relation: Relation, converters: Sequence[ColumnConve
     """
     codec = table_codec(relation, converters, topic_prefix, fmt=fmt)
     return codec.record(row, transaction_metadata=transaction_metadata)
-
-
-# Message events and transaction records --------------------------------------------------
-
-def _content_schema(binary_mode: str) -> Json:
-    if binary_mode not in BINARY_MODES:
-        raise ConfigurationError(
-            f"binary.handling.mode = {binary_mode!r} is not supported; use one of "
-            f"{', '.join(BINARY_MODES)}")
-    return _prim("bytes" if binary_mode == "bytes" else "string", True, "content")
-
-
-def _content(data: bytes | None, binary_mode: str) -> str | None:
-    if data is None:
-        return None
-    if binary_mode in ("bytes", "base64"):
-        return base64.b64encode(data).decode("ascii")
-    if binary_mode == "base64-url-safe":
-        return base64.urlsafe_b64encode(data).decode("ascii")
-    return data.hex()
-
-
-def message_to_json(row: Row, topic_prefix: str, *, fmt: str = DEFAULT_FORMAT,
-                    binary_mode: str = "bytes") -> DebeziumRecord:
-    """A logical decoding message row (``bronze/_pgcdc/messages``) as Debezium writes it.
-
-    Topic ``<prefix>.message``; key ``MessageKey`` {prefix} (STR-60); value ``MessageValue``
-    {op ``m``, ts_ms, source (empty schema and table, STR-61), message {prefix, content}}
-    with the content per ``binary.handling.mode`` (EVT-15, EVT-25).
-    """
-    version = debezium_format(fmt)
-    message = row.get("message") or {}
-    prefix = message.get("prefix")
-    key = {"schema": _struct([_prim("string", True, "prefix")], optional=False,
-                             name=MESSAGE_KEY_NAME, version=1),
-           "payload": {"prefix": prefix}}
-    block = _struct([_prim("string", True, "prefix"), _content_schema(binary_mode)],
-                    optional=True, name=MESSAGE_BLOCK_NAME, version=1, field="message")
-    schema = _struct([_prim("string", False, "op"), _prim("int64", True, "ts_ms"),
-                      source_schema(version), block],
-                     optional=False, name=MESSAGE_VALUE_NAME, version=1)
-    payload = {"op": row.get("op") or "m", "ts_ms": row.get("ts_ms"),
-               "source": source_payload(row["source"]),
-               "message": {"prefix": prefix,
-                           "content": _content(message.get("content"), binary_mode)}}
-    return DebeziumRecord(_TOPIC_INVALID.sub("_", f"{topic_prefix}.message"), key,
-                          {"schema": schema, "payload": payload})
-
-
-def transaction_to_json(row: Row, topic_prefix: str) -> DebeziumRecord:
-    """A BEGIN/END row (``bronze/_pgcdc/transactions``) as Debezium writes it (STR-66..68)."""
-    key = {"schema": _struct([_prim("string", False, "id")], optional=False,
-                             name=TX_KEY_NAME, version=1),
-           "payload": {"id": row.get("id")}}
-    collection = _struct([_prim("string", False, "data_collection"),
-                          _prim("int64", False, "event_count")],
-                         optional=True, name=TX_COLLECTION_NAME, version=1)
-    collections: Json = {"type": "array", "items": collection, "optional": True,
-                         "field": "data_collections"}
-    schema = _struct([_prim("string", False, "status"), _prim("string", False, "id"),
-                      _prim("int64", True, "event_count"), collections,
-                      _prim("int64", False, "ts_ms")],
-                     optional=False, name=TX_VALUE_NAME, version=1)
-    data = row.get("data_collections")
-    payload = {
-        "status": row.get("status"), "id": row.get("id"), "event_count": row.get("event_count"),
-        "data_collections": None if data is None else [
-            {"data_collection": d.get("data_collection"), "event_count": d.get("event_count")}
-            for d in data],
-        "ts_ms": row.get("ts_ms"),
-    }
-    return DebeziumRecord(_TOPIC_INVALID.sub("_", f"{topic_prefix}.transaction"), key,
-                          {"schema": schema, "payload": payload})
-
-
-# JSON text -------------------------------------------------------------------------------
-
-def dumps(value: Any) -> str:
-    """Compact JSON text as Jackson writes it: UTF-8 text unescaped, doubles as
-    ``Double.toString`` (``1.0E10``, ``1.5E-4``), keys in insertion order."""
-    parts: list[str] = []
-    _write(value, parts)
-    return "".join(parts)
-
-
-def _write(value: Any, out: list[str]) -> None:
-    if value is None:
-        out.append("null")
-    elif value is True:
-        out.append("true")
-    elif value is False:
-        out.append("false")
-    elif isinstance(value, int):
-        out.append(str(value))
-    elif isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            out.append(json.dumps(java_double_string(value)))
-        else:
-            out.append(java_double_string(value))
-    elif isinstance(value, str):
-        out.append(json.dumps(value, ensure_ascii=False))
-    elif isinstance(value, Mapping):
-        out.append("{")
-        for i, (k, v) in enumerate(value.items()):
-            if i:
-                out.append(",")
-            out.append(json.dumps(str(k), ensure_ascii=False))
-            out.append(":")
-            _write(v, out)
-        out.append("}")
-    elif isinstance(value, list | tuple):
-        out.append("[")
-        for i, v in enumerate(value):
-            if i:
-                out.append(",")
-            _write(v, out)
-        out.append("]")
-    else:
-        raise TypeError(f"cannot write {type(value).__name__} as JSON")

@@ -19,17 +19,15 @@ from pgcdc_dagster.cdc.debezium_json import (
     FORMATS,
     DebeziumRecord,
     adjust_schema_name,
-    dumps,
     event_to_json,
-    float32_value,
-    message_to_json,
     schema_from_json,
     table_codec,
     table_codec_from_bronze,
     topic_name,
-    transaction_to_json,
 )
+from pgcdc_dagster.cdc.debezium_records import message_to_json, transaction_to_json
 from pgcdc_dagster.cdc.envelope import SourceIdentity, bronze_from_changes, bronze_schema
+from pgcdc_dagster.cdc.jackson import dumps, float32_value
 from pgcdc_dagster.cdc.typeconv import PgType, TypeModes, converter_for
 from pgcdc_dagster.exceptions import ConfigurationError
 
