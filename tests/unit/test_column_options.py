@@ -414,3 +414,23 @@ def test_new_stream_shape_keeps_the_contexts_converters_for_known_columns():
     assert convs[1] is not ctx.converters[1] and convs[0] is ctx.converters[0]
     assert convs[1].connect_schema()["parameters"]["__debezium.source.column.type"] == \
         "VARCHAR"
+
+
+def test_capture_resource_passes_column_options_in_debezium_syntax():
+    from resources.capture import CaptureResource
+
+    resource = CaptureResource(
+        column_exclude_list=r"public\.users\.secret",
+        message_key_columns="public.users:tenant",
+        column_mappers={"column.mask.with.4.chars": r"public\.users\.ssn",
+                        "column.mask.hash.v2.SHA-256.with.salt.pepper": r"public\.users\.name"})
+    settings = resource.settings("dbname=x", "/tmp/lake")
+    assert settings.column_options == (
+        ("column.exclude.list", r"public\.users\.secret"),
+        ("message.key.columns", "public.users:tenant"),
+        ("column.mask.with.4.chars", r"public\.users\.ssn"),
+        ("column.mask.hash.v2.SHA-256.with.salt.pepper", r"public\.users\.name"))
+    options = parse_column_options(settings.column_options)
+    assert options.mapper_for("public", "users", "ssn") == Mask(4)
+    with pytest.raises(ConfigurationError, match="not a column option"):
+        CaptureResource(column_mappers={"column.mask.chars": "x"}).settings("d", "l")
