@@ -3,6 +3,8 @@ clear, retryable outcome; a missing slot is a clear error; the slot's health is 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from psycopg2.extras import LogicalReplicationConnection
 
@@ -30,12 +32,17 @@ def test_slot_in_use_missing_and_health(pg_dsn, pg_conn, spark, lakehouse) -> No
         assert isinstance(other, LogicalReplicationConnection)
         cur.start_replication(slot_name="safety", decode=False,
                               options={"proto_version": "1", "publication_names": "safety"})
-        with pytest.raises(SlotInUseError, match="in use by another process.*Retry"):
+        with pytest.raises(SlotInUseError, match=r"in use by another process.*Retry"):
             run_bronze(settings, spark, force_snapshot_step=False)
     finally:
         other.close()
 
     with pg_conn.cursor() as cur:
+        for _ in range(100):  # the walsender of the closed connection exits asynchronously
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'safety'")
+            if not cur.fetchone()[0]:
+                break
+            time.sleep(0.1)
         cur.execute("SELECT pg_drop_replication_slot('safety')")
-    with pytest.raises(SlotLostError, match="does not exist.*initial_snapshot"):
+    with pytest.raises(SlotLostError, match=r"does not exist.*initial_snapshot"):
         run_windows(settings, [], SourceIdentity("pgcdc", "db"))
