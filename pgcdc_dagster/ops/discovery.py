@@ -82,8 +82,8 @@ def describe(report: DiscoveryReport) -> str:
             "new tables match the include list but have no assets yet: "
             + ", ".join(map(_name, report.new))
             + ". Reload the code location (UI: Deployment > Code locations > Reload, or "
-            "restart dagster) to create their bronze/silver assets, then snapshot them "
-            "(docs/operations.md, 'Adding a table')")
+            "restart dagster) to create their bronze/silver assets; the next capture run "
+            "adds them to the publication (docs/operations.md, 'Adding a table')")
     if report.unkeyed:
         parts.append(
             "tables match the include list but cannot be captured (no primary key or replica "

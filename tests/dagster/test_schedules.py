@@ -28,28 +28,28 @@ def definitions(settings: MonitorSettings) -> dg.Definitions:
 
 def test_microbatch_schedule_defaults_to_every_five_minutes_and_stopped() -> None:
     defs = definitions(MonitorSettings.from_env({}))
-    schedule = defs.get_schedule_def("cdc_microbatch_schedule")
+    schedule = defs.resolve_schedule_def("cdc_microbatch_schedule")
     assert schedule.cron_schedule == "*/5 * * * *"
     assert schedule.job_name == "cdc_microbatch"
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
-    checks = defs.get_schedule_def("capture_checks_schedule")
+    checks = defs.resolve_schedule_def("capture_checks_schedule")
     assert (checks.cron_schedule, checks.job_name) == ("0 3 * * *", "capture_checks")
     assert checks.default_status == dg.DefaultScheduleStatus.STOPPED
     for sensor in ("slot_lag_sensor", "table_discovery_sensor"):
-        assert defs.get_sensor_def(sensor).default_status == dg.DefaultSensorStatus.STOPPED
+        assert defs.resolve_sensor_def(sensor).default_status == dg.DefaultSensorStatus.STOPPED
 
 
 def test_microbatch_interval_comes_from_the_environment() -> None:
     env = {"PGCDC_MICROBATCH_CRON": "*/1 * * * *", "PGCDC_CHECKS_CRON": "30 2 * * 0"}
     defs = definitions(MonitorSettings.from_env(env))
-    assert defs.get_schedule_def("cdc_microbatch_schedule").cron_schedule == "*/1 * * * *"
-    assert defs.get_schedule_def("capture_checks_schedule").cron_schedule == "30 2 * * 0"
+    assert defs.resolve_schedule_def("cdc_microbatch_schedule").cron_schedule == "*/1 * * * *"
+    assert defs.resolve_schedule_def("capture_checks_schedule").cron_schedule == "30 2 * * 0"
     with pytest.raises(ConfigurationError, match="PGCDC_MICROBATCH_CRON = 'every 5 min'"):
         definitions(MonitorSettings.from_env({"PGCDC_MICROBATCH_CRON": "every 5 min"}))
 
 
 def test_schedule_requests_a_run_unless_one_is_in_flight() -> None:
-    schedule = definitions(MonitorSettings()).get_schedule_def("cdc_microbatch_schedule")
+    schedule = definitions(MonitorSettings()).resolve_schedule_def("cdc_microbatch_schedule")
     with dg.instance_for_test() as instance:
         request = schedule(dg.build_schedule_context(instance=instance))
         assert isinstance(request, dg.RunRequest)

@@ -29,7 +29,7 @@ def resources(dsn: str, lakehouse, tables: str = "public\\..*") -> dict[str, obj
 
 def evaluate(definitions: dg.Definitions, name: str, instance: dg.DagsterInstance,
              cursor: str | None) -> dg.SensorResult:
-    sensor = definitions.get_sensor_def(name)
+    sensor = definitions.resolve_sensor_def(name)
     context = dg.build_sensor_context(instance=instance, cursor=cursor,
                                       resources=definitions.resources)
     result = sensor(context)
