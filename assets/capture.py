@@ -21,6 +21,7 @@ import dagster as dg
 import pyarrow as pa
 from pydantic import Field
 
+from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, select_contexts
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
 from pgcdc_dagster.capture.tables import TableContext
@@ -308,6 +309,7 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
             before = table_stats(ctx.silver_uri, version) if version is not None \
                 else TableStats(None)
             reports.append((ctx, before, bronze_from, apply_silver(ctx, session)))
+            crash_point("after_silver_merge")  # as run_silver: the crash tests' kill point
         health = slot_health(postgres.dsn, capture.slot)
         for ctx, before, bronze_from, report in reports:
             yield dg.MaterializeResult(

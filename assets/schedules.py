@@ -11,7 +11,7 @@ persists in the instance.
 import dagster as dg
 from dagster._utils.schedules import is_valid_cron_schedule
 
-from assets.jobs import MICROBATCH, CaptureJobs, run_in_flight
+from assets.jobs import CaptureJobs, run_in_flight
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.ops.settings import ENV, MonitorSettings
 
@@ -36,12 +36,12 @@ def build_schedules(jobs: CaptureJobs,
         name=MICROBATCH_SCHEDULE, cron_schedule=cron, job=jobs.microbatch,
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description=f"Run cdc_microbatch on '{cron}' ({ENV['microbatch_cron']}); a tick is "
-        "skipped while a cdc_microbatch run is still queued or running.")
+        "skipped while a cdc_microbatch or initial_snapshot run is still queued or running.")
     def cdc_microbatch_schedule(
             context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
-        running = run_in_flight(context.instance, MICROBATCH)
+        running = run_in_flight(context.instance)
         if running is not None:
-            return dg.SkipReason(f"cdc_microbatch run {running} is still queued or running")
+            return dg.SkipReason(f"{running} is still queued or running")
         return dg.RunRequest(tags={"pgcdc/trigger": "schedule"})
 
     checks = dg.ScheduleDefinition(

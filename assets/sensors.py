@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import dagster as dg
 
 from assets.capture import SLOT_KEY
-from assets.jobs import MICROBATCH, CaptureJobs, run_in_flight
+from assets.jobs import CaptureJobs, run_in_flight
 from pgcdc_dagster.ops.discovery import describe, discover
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import slot_health
@@ -78,10 +78,10 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
             return skip(f"lag {health.lag_bytes} bytes and retained WAL "
                         f"{health.retained_bytes} bytes are below the thresholds "
                         f"({settings.lag_trigger_bytes}, {settings.retained_trigger_bytes})")
-        running = run_in_flight(context.instance, MICROBATCH)
+        running = run_in_flight(context.instance)
         if running is not None:
-            return skip(f"lag {health.lag_bytes} bytes, but cdc_microbatch run {running} is "
-                        "still queued or running")
+            return skip(f"lag {health.lag_bytes} bytes, but {running} is still queued or "
+                        "running")
         reason = "lag" if lag_over else "retained_wal"
         request = dg.RunRequest(
             run_key=lag_run_key(capture.slot, health.confirmed_flush_lsn),

@@ -60,9 +60,16 @@ def test_schedule_requests_a_run_unless_one_is_in_flight() -> None:
         instance.add_run(running)
         skipped = schedule(dg.build_schedule_context(instance=instance))
         assert isinstance(skipped, dg.SkipReason)
-        assert f"run {running.run_id} is still queued or running" in str(skipped.skip_message)
+        assert f"cdc_microbatch run {running.run_id} is still queued or running" in \
+            str(skipped.skip_message)
 
-        # Once it has finished, the next tick runs again.
+        # Once it has finished, the next tick runs again; a snapshot run holds it back too.
         instance.report_run_failed(running)
         assert isinstance(schedule(dg.build_schedule_context(instance=instance)),
                           dg.RunRequest)
+        snapshot = dg.DagsterRun(job_name="initial_snapshot", run_id=str(uuid.uuid4()),
+                                 status=dg.DagsterRunStatus.STARTED)
+        instance.add_run(snapshot)
+        held = schedule(dg.build_schedule_context(instance=instance))
+        assert isinstance(held, dg.SkipReason)
+        assert f"initial_snapshot run {snapshot.run_id}" in str(held.skip_message)
