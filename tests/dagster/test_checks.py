@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import dagster as dg
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.ops.lsn_windows import (
+    BronzeCommit,
+    RunRange,
+    WindowReport,
+    check_commits,
+    check_runs,
+)
+from pgcdc_dagster.ops.schema_drift import normalise_type
 from pgcdc_dagster.ops.settings import MonitorSettings
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
@@ -218,3 +228,49 @@ def test_slot_health_check_fails_without_a_slot(capture) -> None:
     silver = evaluations["silver/public/items:matches_source"]
     assert not silver.passed and silver.severity == dg.AssetCheckSeverity.WARN
     assert "initial_snapshot" in silver.description
+
+
+def test_window_rules_on_recorded_histories() -> None:
+    snap, w1, w2 = Lsn(0x100), Lsn(0x200), Lsn(0x300)
+
+    def commits_report(commits, app):
+        report = WindowReport("public.t")
+        check_commits(report, commits, app)
+        return report
+
+    good = [BronzeCommit(1, "snapshot", snap), BronzeCommit(2, "stream", w1),
+            BronzeCommit(3, "stream", w2, start=w1)]
+    assert commits_report(good, int(w2)).ok
+    twice = commits_report([*good, BronzeCommit(4, "stream", w2)], int(w2))
+    assert "written twice or out of order" in twice.problems[0]
+    overlap = commits_report([*good[:2], BronzeCommit(3, "stream", w2, start=Lsn(0x180))],
+                             int(w2))
+    assert "overlaps the previous one" in overlap.problems[0]
+    stale = commits_report(good, int(w1))
+    assert "app transaction records 0/200" in stale.problems[0]
+    # A re-snapshot starts a new chain: windows may restart below the old ones.
+    assert commits_report([*good, BronzeCommit(4, "snapshot", Lsn(0x400)),
+                           BronzeCommit(5, "stream", Lsn(0x500))], 0x500).ok
+
+    def runs_report(runs, slot):
+        report = WindowReport("public.t")
+        check_runs(report, runs, slot)
+        return report
+
+    chain = [RunRange("a", snap, snap, w1), RunRange("b", None, w1, w2)]
+    assert runs_report(chain, w2).ok
+    assert (runs_report(chain, w2).covered_from, runs_report(chain, w2).covered_to) == (snap, w2)
+    back = runs_report([*chain, RunRange("c", None, w1, Lsn(0x400))], Lsn(0x400))
+    assert "went backwards" in back.problems[0]
+    behind = runs_report(chain, w1)
+    assert "behind the last run's end" in behind.problems[0]
+    resnap = [*chain, RunRange("c", Lsn(0x900), Lsn(0x900), Lsn(0xA00))]
+    assert runs_report(resnap, Lsn(0xA00)).ok
+
+
+def test_schema_types_fold_what_delta_does_not_keep() -> None:
+    assert normalise_type(pa.large_string()) == normalise_type(pa.string_view()) == "string"
+    assert normalise_type(pa.timestamp("us", "+00:00")) == normalise_type(pa.timestamp("ns", "UTC"))
+    assert normalise_type(pa.timestamp("us")) != normalise_type(pa.timestamp("us", "UTC"))
+    assert normalise_type(pa.large_list(pa.large_string())) == "list<string>"
+    assert normalise_type(pa.decimal128(10, 2)) != normalise_type(pa.decimal128(10, 1))
