@@ -175,18 +175,14 @@ def test_customers_events_have_debezium_layout(captured):
     assert tomb.key == delete.key and tomb.value is None
 
 
-STREAM_HOOK = pytest.mark.xfail(
-    strict=True,
-    reason="the stream encodes with its own converters until capture/bronze_write.py calls "
-           "TableContext.shape (change request in docs/debezium-json.md); remove this marker "
-           "when it does")
-
-
-@pytest.mark.xfail(
+NOT_NULL_PENDING = pytest.mark.xfail(
     strict=True,
     reason="build_context does not yet give NOT NULL columns required schemas: it needs the "
            "stream hook and a schema evolution that accepts changed field metadata (change "
-           "requests in docs/debezium-json.md); remove this marker when it does")
+           "requests 1 and 3 in docs/debezium-json.md); remove this marker when it does")
+
+
+@NOT_NULL_PENDING
 def test_not_null_columns_are_required(captured):
     """EVT-08/09: Debezium's schemas of NOT NULL columns (and so of primary keys) are
     required."""
@@ -198,7 +194,7 @@ def test_not_null_columns_are_required(captured):
         f("string", "email")]
 
 
-@STREAM_HOOK
+@NOT_NULL_PENDING
 def test_delete_before_image_has_not_null_fallbacks(captured):
     """EVT-23 under REPLICA IDENTITY DEFAULT: the key, and the other (NOT NULL) columns as
     their type's zero, as Debezium's ``convertValue`` writes them."""
