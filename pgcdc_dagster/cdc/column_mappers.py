@@ -307,7 +307,8 @@ class MappedConverter:
         if isinstance(mapper, Truncate):
             if not self.applies:
                 return values
-            long = pc.greater(pc.utf8_length(values), mapper.chars)
+            # UTF-8 bytes >= UTF-16 code units: a superset of the values to cut
+            long = pc.greater(pc.binary_length(values), mapper.chars)
             if not pc.any(long).as_py():
                 return values
             return pa.array([None if v is None else java_truncate(v, mapper.chars)

@@ -250,6 +250,8 @@ def test_truncate_cuts_character_values_and_marks_the_schema():
     _, convs = shape(("column.truncate.to.4.chars", r"public\.users\.(name|ssn|email|born)"))
     name, ssn, born, email = convs[1], convs[2], convs[3], convs[5]
     assert bronze(name, "Kretchmar", "Ann", None) == ["Kret", "Ann", None]
+    assert bronze(name, "\U0001F600\U0001F600\U0001F600", "日本語テ") == \
+        ["\U0001F600\U0001F600", "日本語テ"]  # 4 UTF-16 units each
     assert name.connect_schema()["parameters"] == {"truncateLength": "4"}
     assert name.to_silver(pa.array(["abcdef"])).to_pylist() == ["abcd"]
     assert bronze(ssn, "123-45-6789") == ["123-"]  # varchar(11) > 4
