@@ -43,6 +43,8 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
                                             description="include.unknown.datatypes.")
     unavailable_value_placeholder: str = Field(
         default="__debezium_unavailable_value", description="unavailable.value.placeholder.")
+    money_fraction_digits: int = Field(
+        default=2, description="money.fraction.digits: the scale of MONEY values.")
     window_max_bytes: int = Field(
         default=64 << 20, description="Largest WAL span (bytes) one micro-batch window reads.")
     max_windows: int = Field(default=1000,
@@ -104,6 +106,7 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             hstore=self.hstore_handling_mode,
             include_unknown=self.include_unknown_datatypes,
             unavailable_placeholder=self.unavailable_value_placeholder,
+            money_fraction_digits=self.money_fraction_digits,
         )
         return CaptureSettings(
             dsn=dsn, lakehouse=lakehouse,

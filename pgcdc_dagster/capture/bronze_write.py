@@ -65,7 +65,7 @@ def _select(seg: TableChanges, keep: Callable[[int], bool]) -> TableChanges:
     idx = [i for i in range(len(seg)) if keep(i)]
     if len(idx) == len(seg):
         return seg
-    out = TableChanges(seg.relation)
+    out = TableChanges(seg.relation, snapshot=seg.snapshot)
     for name in ("op", "commit_lsn", "lsn", "xid", "commit_ts_us", "total_order",
                  "collection_order", "before", "before_key_only", "after", "truncate_options"):
         src = getattr(seg, name)
@@ -188,10 +188,16 @@ class BronzeWindowWriter:
             if txs:
                 self._transactions.append(transaction_rows(txs, self.ident, now_ms))
 
-    def commit(self, upto: Lsn) -> dict[str, dict[str, int]]:
-        """Commit every table's parts with app transaction ``upto``; return events by op."""
+    def commit(self, upto: Lsn, start: Lsn | None = None) -> dict[str, dict[str, int]]:
+        """Commit every table's parts with app transaction ``upto``; return events by op.
+
+        ``start`` (the slot's confirmed position when the window was read) is recorded with
+        ``upto`` in the commit metadata, so a check can prove windows chain without gaps.
+        """
         counts: dict[str, dict[str, int]] = {}
         meta = {"pgcdc.kind": "stream", "pgcdc.window_end": str(upto)}
+        if start is not None:
+            meta["pgcdc.window_start"] = str(start)
         for pending in self._pending.values():
             if not pending.files:
                 continue

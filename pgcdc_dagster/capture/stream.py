@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg2.extensions
@@ -131,8 +131,13 @@ def _maybe_truncated(window: Window, cap: int) -> bool:
     return rows >= cap
 
 
+WindowHook = Callable[[Window, Lsn], None]
+"""Called with each decoded window and its end before the window is written; it may add
+segments to the window (incremental-snapshot chunks) and write new WAL (watermarks)."""
+
+
 def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
-                ident: SourceIdentity) -> StreamReport:
+                ident: SourceIdentity, *, hook: WindowHook | None = None) -> StreamReport:
     """Read and write windows until caught up, out of windows, or out of time."""
     started = time.monotonic()
     report = StreamReport()
@@ -165,8 +170,10 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                                  upto_nchanges=cap)
             crash_point("after_decode")
             end = window_end(window, upto, cap)
+            if hook is not None:
+                hook(window, end)
             writer.add(window)
-            counts = writer.commit(end)
+            counts = writer.commit(end, position)
             crash_point("after_bronze_commit")
             # Only after every bronze commit may the slot forget the window.
             advance_slot(conn, settings.slot, end)
