@@ -10,21 +10,20 @@ from typing import TYPE_CHECKING
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
-from pgcdc_dagster.capture.snapshot import SnapshotReport, load_contexts, run_initial_snapshot
+from pgcdc_dagster.capture.snapshot import SnapshotReport, load_contexts, run_snapshot
+from pgcdc_dagster.capture.snapshot_modes import SNAPSHOT_MODES, normalise_mode
 from pgcdc_dagster.capture.stream import StreamReport, run_windows
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
-from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import current_database
-from pgcdc_dagster.postgres.slot import slot_info
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_MODES = ("initial", "initial_only", "no_data", "never", "always", "when_needed")
+__all__ = ["SNAPSHOT_MODES", "BronzeRun", "run_bronze", "run_silver", "select_contexts"]
 
 
 @dataclass
@@ -49,31 +48,26 @@ def select_contexts(settings: CaptureSettings,
 def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot_step: bool,
                only: Collection[tuple[str, str]] | None = None,
                progress: Callable[[str], None] = log.info) -> BronzeRun:
-    """Snapshot if ``snapshot.mode`` asks for one, then read windows into bronze."""
-    if settings.snapshot_mode not in SNAPSHOT_MODES:
-        raise ConfigurationError(
-            f"snapshot.mode = {settings.snapshot_mode!r} is not supported; use one of "
-            f"{', '.join(SNAPSHOT_MODES)}")
-    contexts = select_contexts(settings, only)
+    """Snapshot if ``snapshot.mode`` asks for one, then read windows into bronze.
+
+    The snapshot step runs first in every run (``capture/snapshot_modes.py`` has the rules):
+    it takes the initial snapshot, snapshots tables that have no offset yet, finishes an
+    interrupted snapshot, and, with ``force_snapshot_step`` and ``snapshot.mode = always``,
+    snapshots every table again. It covers every captured table, whatever ``only`` selects,
+    so that no table ever streams before its snapshot is committed.
+    """
+    normalise_mode(settings.snapshot_mode)
+    captured = load_contexts(settings)
+    contexts = captured if only is None else [c for c in captured
+                                              if c.relation.qualified in only]
     run = BronzeRun(contexts)
-    with connection(settings.dsn) as conn:
-        slot = slot_info(conn, settings.slot)
-    wants_snapshot = settings.snapshot_mode in ("initial", "initial_only", "always",
-                                                "when_needed")
-    if slot is None and wants_snapshot:
-        progress(f"no slot {settings.slot!r}: taking the initial snapshot")
-        run.snapshot = run_initial_snapshot(settings, spark)
+    run.snapshot = run_snapshot(settings, spark, force=force_snapshot_step, contexts=captured,
+                                progress=progress)
+    if run.snapshot.performed:
         progress(f"snapshot: {run.snapshot.rows} rows from {len(run.snapshot.tables)} tables "
                  f"at {run.snapshot.consistent_point} in {run.snapshot.seconds:.1f}s")
-    elif slot is None:
-        raise ConfigurationError(
-            f"slot {settings.slot!r} does not exist and snapshot.mode = "
-            f"{settings.snapshot_mode}; run the initial_snapshot job with snapshot.mode "
-            "initial to create it.")
-    elif force_snapshot_step:
-        run.snapshot = run_initial_snapshot(settings, spark)
-        if not run.snapshot.performed:
-            run.notes.append(run.snapshot.reason)
+    elif force_snapshot_step and run.snapshot.reason:
+        run.notes.append(run.snapshot.reason)
     if settings.snapshot_mode == "initial_only":
         run.notes.append("snapshot.mode = initial_only: no streaming")
         return run

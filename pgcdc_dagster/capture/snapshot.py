@@ -1,32 +1,91 @@
-"""The initial snapshot: slot with exported snapshot, parallel chunk reads, bronze + silver.
+"""The snapshot step: ``snapshot.mode``, lock-free consistent points, parallel chunks, resumption.
 
-Lock-free and consistent (design.md §3, decision 7; SNAP-03..05): the slot is created with
-``EXPORT_SNAPSHOT`` on a replication connection held open while every chunk reader imports
-that snapshot; streaming then starts at the slot's consistent point, so no change is lost or
-doubled at the hand-off.
+Consistent without locks (design.md §3, decision 7; SNAP-03..05, SNAP-17..20): every chunk
+reader imports a snapshot exported at a slot's consistent point, inside a REPEATABLE READ
+READ ONLY transaction; ``snapshot_modes`` explains where that point comes from (a new slot,
+or a temporary slot next to the existing one) and why resuming at a later point is exact.
+
+Parallel and bounded: tables are split into key ranges (CTID ranges without a key), each
+chunk is a Spark task that COPYs its range and writes one bronze and one silver Parquet file
+(``spark/snapshot_tasks.py``); the driver records each finished chunk in the progress table
+(``snapshot_state``) and, once all chunks of a table are in, commits the table through
+delta-rs: one bronze append (``op = r`` events; the table's offset = the smallest point its
+chunks were read at) and one silver **overwrite**, so a re-snapshot replaces silver and never
+merges over it (keys deleted in between cannot survive as phantom rows).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction, RemoveAction
+
+from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.capture.snapshot_modes import SnapshotDecision, decide, normalise_mode
+from pgcdc_dagster.capture.snapshot_progress import ProgressTracker, SnapshotProgress
+from pgcdc_dagster.capture.snapshot_state import (
+    ChunkDone,
+    SnapshotLog,
+    SnapshotState,
+    TableName,
+    TablePlan,
+    progress_uri,
+)
 from pgcdc_dagster.capture.tables import TableContext, build_context
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError
-from pgcdc_dagster.lake.delta import commit_files, committed_version, ensure_table, open_table
+from pgcdc_dagster.lake.delta import (
+    DataFile,
+    commit_files,
+    committed_version,
+    ensure_table,
+    open_table,
+)
+from pgcdc_dagster.lake.paths import is_local
 from pgcdc_dagster.postgres.connection import connection
-from pgcdc_dagster.postgres.discovery import check_server, current_database, resolve_tables
-from pgcdc_dagster.postgres.slot import create_slot_with_snapshot, ensure_publication, slot_info
-from pgcdc_dagster.postgres.snapshot_read import plan_chunks, table_blocks
-from pgcdc_dagster.spark.snapshot_tasks import ChunkResult, ChunkTask, run_chunks
+from pgcdc_dagster.postgres.discovery import (
+    check_server,
+    compile_patterns,
+    current_database,
+    resolve_tables,
+)
+from pgcdc_dagster.postgres.slot import (
+    create_slot_with_snapshot,
+    drop_slot,
+    ensure_publication,
+    slot_info,
+)
+from pgcdc_dagster.postgres.snapshot_read import (
+    Chunk,
+    ExportedPoint,
+    KeyColumn,
+    TableSize,
+    TableVanishedError,
+    block_bytes,
+    create_plain_slot,
+    key_columns,
+    plan_chunks,
+    plan_key_chunks,
+    published_tables,
+    table_size,
+    temporary_exported_snapshot,
+    validate_override,
+)
+from pgcdc_dagster.spark.snapshot_tasks import ChunkResult, ChunkTask, SnapshotFile, run_chunks
 
 if TYPE_CHECKING:
+    import psycopg2.extensions
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -43,21 +102,40 @@ class TableSnapshotReport:
     chunks: int
     bronze_version: int
     silver_version: int
+    lsn: int = 0
+    """The table's offset: the smallest point its chunks were read at."""
+    resumed_chunks: int = 0
+    """Chunks read by an earlier, interrupted run and kept."""
 
 
 @dataclass
 class SnapshotReport:
-    """Outcome of one initial-snapshot run."""
+    """Outcome of one snapshot step."""
 
     performed: bool
     consistent_point: Lsn | None
+    """Where this run's chunks were read (the new slot's point, or a temporary slot's)."""
     tables: list[TableSnapshotReport] = field(default_factory=list)
     seconds: float = 0.0
     reason: str = ""
+    mode: str = ""
+    snapshot_id: int | None = None
+    slot_action: str = "none"
+    rows_read: int = 0
+    """Rows read by this run (chunks kept from an interrupted run excluded)."""
+    resumed_chunks: int = 0
+    chunks_read: int = 0
+    empty_tables: list[str] = field(default_factory=list)
+    """Tables given an offset without data (no_data, snapshot.include.collection.list)."""
+    last_progress: SnapshotProgress | None = None
 
     @property
     def rows(self) -> int:
         return sum(t.rows for t in self.tables)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_read / self.seconds if self.seconds > 0 else 0.0
 
 
 def load_contexts(settings: CaptureSettings) -> list[TableContext]:
@@ -68,75 +146,431 @@ def load_contexts(settings: CaptureSettings) -> list[TableContext]:
         return [build_context(conn, r, settings) for r in relations]
 
 
-def snapshot_done(ctx: TableContext) -> bool:
-    """True when the table's bronze holds a committed snapshot for this capture."""
+def has_offset(ctx: TableContext) -> bool:
+    """True when bronze holds the table's offset (a committed snapshot or stream window)."""
     return committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id) is not None
 
 
+snapshot_done = has_offset
+
+
 def run_initial_snapshot(settings: CaptureSettings, spark: SparkSession) -> SnapshotReport:
-    """Create the slot and snapshot every captured table, unless a snapshot already exists."""
-    started = time.monotonic()
-    contexts = load_contexts(settings)
-    with connection(settings.dsn) as conn:
-        ensure_publication(conn, settings.publication, [c.relation for c in contexts],
-                           settings.publication_autocreate)
-        existing = slot_info(conn, settings.slot)
-    if settings.snapshot_mode in ("no_data", "never"):
-        raise ConfigurationError("snapshot.mode = no_data is handled by the micro-batch job")
-    if existing is not None:
-        missing = [c.name for c in contexts if not snapshot_done(c)]
-        if not missing:
-            return SnapshotReport(False, existing.confirmed_flush_lsn,
-                                  reason=f"slot {settings.slot!r} exists and every table has "
-                                         "its snapshot; nothing to do")
-        raise ConfigurationError(
-            f"slot {settings.slot!r} already exists but these tables have no snapshot in bronze: "
-            f"{', '.join(missing)}. A consistent initial snapshot needs a new slot: run the "
-            "teardown job (drops slot and publication) and run initial_snapshot again."
-        )
-    with connection(settings.dsn) as conn:
-        ident = SourceIdentity(settings.topic_prefix, current_database(conn))
-    with create_slot_with_snapshot(settings.dsn, settings.slot) as exported:
-        log.info("slot %s created at %s, snapshot %s", exported.name, exported.consistent_point,
-                 exported.snapshot_name)
-        tasks = _plan(settings, contexts, exported.snapshot_name, int(exported.consistent_point),
-                      ident)
-        results = run_chunks(spark, tasks)
-    report = SnapshotReport(True, exported.consistent_point)
-    for ctx in contexts:
-        mine = [r for r in results if (r.chunk.schema, r.chunk.table) == ctx.relation.qualified]
-        report.tables.append(_commit_table(ctx, mine, int(exported.consistent_point)))
-    report.seconds = time.monotonic() - started
-    return report
+    """The snapshot step as the initial_snapshot job runs it (``force``)."""
+    return run_snapshot(settings, spark, force=True)
 
 
-def _plan(settings: CaptureSettings, contexts: Sequence[TableContext], snapshot_name: str,
-          lsn: int, ident: SourceIdentity) -> list[ChunkTask]:
-    tasks = []
-    now_ms = int(time.time() * 1000)
-    blocks_per_chunk = max(1, settings.snapshot_chunk_bytes // BLOCK_SIZE)
-    with connection(settings.dsn) as conn:
-        for ctx in contexts:
+def run_snapshot(settings: CaptureSettings, spark: SparkSession, *, force: bool,
+                 contexts: Sequence[TableContext] | None = None,
+                 progress: Callable[[str], None] = log.info,
+                 on_progress: Callable[[SnapshotProgress], None] | None = None,
+                 ) -> SnapshotReport:
+    """Apply ``snapshot.mode`` and take (or finish) the snapshot it asks for.
+
+    Args:
+        settings: the capture.
+        spark: the session whose executors read the chunks.
+        force: the snapshot step was asked for explicitly (``always`` re-snapshots then).
+        contexts: the captured tables (loaded when None).
+        progress: receives a log line after each chunk and at each step.
+        on_progress: receives the structured progress after each chunk.
+
+    Raises:
+        SlotLostError: the mode cannot continue without the lost slot's changes.
+        ConfigurationError: a bad override, an unpublished table, a vanished table
+            (``TableVanishedError``, after the other tables were committed).
+        UnsupportedTypeError: a value the configured handling mode cannot convert.
+    """
+    run = _SnapshotRun(settings, spark, list(contexts) if contexts is not None
+                       else load_contexts(settings), progress, on_progress)
+    return run.execute(force)
+
+
+def _fingerprint(ctx: TableContext) -> str:
+    data = ctx.bronze_schema.serialize().to_pybytes() + ctx.silver_schema.serialize().to_pybytes()
+    return hashlib.sha1(data).hexdigest()[:16]
+
+
+def _data_file(f: SnapshotFile) -> DataFile:
+    return DataFile(f.path, f.size, f.num_records, f.stats)
+
+
+class _SnapshotRun:
+    """One snapshot step (state shared by its phases)."""
+
+    def __init__(self, settings: CaptureSettings, spark: SparkSession,
+                 contexts: list[TableContext], progress: Callable[[str], None],
+                 on_progress: Callable[[SnapshotProgress], None] | None) -> None:
+        self.settings = settings
+        self.spark = spark
+        self.contexts = {c.relation.qualified: c for c in contexts}
+        self.order = [c.relation.qualified for c in contexts]
+        self.progress = progress
+        self.on_progress = on_progress
+        self.mode = normalise_mode(settings.snapshot_mode)
+        self.log = SnapshotLog(progress_uri(settings.lakehouse, settings.slot))
+        self.started = time.monotonic()
+        self.ident = SourceIdentity(settings.topic_prefix, "")
+        self.overrides: dict[TableName, str] = {}
+        self.keys: dict[TableName, list[KeyColumn]] = {}
+
+    # --- preparation --------------------------------------------------------------------
+
+    def _snapshot_include(self) -> set[TableName] | None:
+        patterns = compile_patterns(self.settings.snapshot_include,
+                                    "snapshot.include.collection.list")
+        if not patterns:
+            return None
+        return {t for t in self.order if any(re.fullmatch(p, f"{t[0]}.{t[1]}")
+                                             for p in patterns)}
+
+    def _prepare(self, conn: psycopg2.extensions.connection) -> None:
+        """Publication, overrides and the source identity (before any slot is created)."""
+        relations = [c.relation for c in self.contexts.values()]
+        ensure_publication(conn, self.settings.publication, relations,
+                           self.settings.publication_autocreate)
+        published = published_tables(conn, self.settings.publication)
+        if published is not None:
+            missing = [f"{s}.{t}" for s, t in self.order if (s, t) not in published]
+            if missing:
+                raise ConfigurationError(
+                    f"publication {self.settings.publication!r} does not publish "
+                    f"{', '.join(missing)}, so their changes after the snapshot would be lost. "
+                    "Add them (ALTER PUBLICATION ... ADD TABLE) or set "
+                    "publication.autocreate.mode = filtered.")
+        self.ident = SourceIdentity(self.settings.topic_prefix, current_database(conn))
+        for name, select in self.settings.snapshot_select_overrides:
+            schema, _, table = name.partition(".")
+            ctx = self.contexts.get((schema, table))
+            if ctx is None:
+                raise ConfigurationError(
+                    f"snapshot.select.statement.overrides names {name!r}, which is not a "
+                    "captured table (use schema.table of a table in table.include.list)")
+            cols = [(c.name, c.type_oid) for c in ctx.relation.columns]
+            self.overrides[(schema, table)] = validate_override(conn, schema, table, select,
+                                                                cols)
+
+    # --- the step -----------------------------------------------------------------------
+
+    def execute(self, force: bool) -> SnapshotReport:
+        with connection(self.settings.dsn) as conn:
+            self._prepare(conn)
+            slot = slot_info(conn, self.settings.slot)
+        offsets = {name: has_offset(ctx) for name, ctx in self.contexts.items()}
+        state = self.log.load()
+        open_state = state if state is not None and state.open else None
+        decision = decide(self.mode, force=force, slot=slot, slot_name=self.settings.slot,
+                          tables=self.order, offsets=offsets, open_snapshot=open_state,
+                          snapshot_include=self._snapshot_include())
+        report = SnapshotReport(False, None, reason=decision.reason, mode=self.mode,
+                                slot_action=decision.slot_action)
+        if decision.abandon is not None:
+            self._abandon(decision.abandon, decision.reason)
+        if not decision.performed:
+            report.seconds = time.monotonic() - self.started
+            return report
+        self.progress(f"snapshot ({self.mode}): {decision.reason}")
+        if decision.slot_action == "create_plain":
+            with connection(self.settings.dsn) as conn:
+                created_at = create_plain_slot(conn, self.settings.slot)
+            return self._empty_only(decision, created_at, report)
+        if decision.slot_action == "none":
+            assert slot is not None and slot.confirmed_flush_lsn is not None
+            return self._empty_only(decision, int(slot.confirmed_flush_lsn), report)
+        with self._point(decision) as (point, stream_from):
+            return self._read(decision, point, stream_from, report)
+
+    @contextmanager
+    def _point(self, decision: SnapshotDecision) -> Iterator[tuple[ExportedPoint, int]]:
+        """The exported snapshot to read in, and the lowest point the stream will deliver."""
+        slot = self.settings.slot
+        if decision.slot_action == "recreate":
+            with connection(self.settings.dsn) as conn:
+                drop_slot(conn, slot)
+            self.progress(f"dropped the invalidated slot {slot!r}")
+        if decision.slot_action in ("create", "recreate"):
+            with create_slot_with_snapshot(self.settings.dsn, slot) as exported:
+                self.progress(f"slot {slot!r} created at {exported.consistent_point}")
+                point = int(exported.consistent_point)
+                yield ExportedPoint(exported.name, point, exported.snapshot_name), point
+            return
+        temp = f"{slot}_snap_{int(time.time() * 1000) % 10**10}"[:63]
+        with temporary_exported_snapshot(self.settings.dsn, temp) as exported:
+            stream_from = exported.lsn
+            if self.mode != "initial_only":
+                with connection(self.settings.dsn) as conn:
+                    info = slot_info(conn, slot)
+                if info is None or info.confirmed_flush_lsn is None:
+                    raise ConfigurationError(f"slot {slot!r} disappeared during the snapshot")
+                stream_from = int(info.confirmed_flush_lsn)
+                if stream_from > exported.lsn:
+                    raise ConfigurationError(
+                        f"slot {slot!r} is confirmed at {info.confirmed_flush_lsn}, past the "
+                        f"snapshot point {Lsn(exported.lsn)}; this cannot happen unless the "
+                        "slot was advanced concurrently")
+            self.progress(f"snapshot point {Lsn(exported.lsn)} (temporary slot; slot {slot!r} "
+                          f"streams from {Lsn(stream_from)})")
+            yield exported, stream_from
+
+    # --- planning -----------------------------------------------------------------------
+
+    def _plan(self, conn: psycopg2.extensions.connection, name: TableName) -> TablePlan:
+        ctx = self.contexts[name]
+        schema, table = name
+        size = table_size(conn, schema, table)
+        count = max(1, math.ceil(size.bytes / max(self.settings.snapshot_chunk_bytes, 1)))
+        key = self._key(conn, name)
+        captured = {c.name for c in ctx.relation.columns}
+        if key and (name not in self.overrides or {k.name for k in key} <= captured):
+            chunks = plan_key_chunks(conn, schema, table, key, count, size)
+            kind = "key"
+        elif name in self.overrides:  # ranges need the key among the override's columns
+            chunks, kind = [Chunk(schema, table, 0, "key")], "key"
+        else:
+            per_chunk = max(1, self.settings.snapshot_chunk_bytes // BLOCK_SIZE)
+            chunks, kind = plan_chunks(schema, table, size.blocks, per_chunk), "ctid"
+        return TablePlan(schema, table, kind, chunks, size.est_rows, name in self.overrides,
+                         _fingerprint(ctx))
+
+    def _key(self, conn: psycopg2.extensions.connection, name: TableName) -> list[KeyColumn]:
+        if name not in self.keys:
+            self.keys[name] = key_columns(conn, name[0], name[1])
+        return self.keys[name]
+
+    # --- reading ------------------------------------------------------------------------
+
+    def _read(self, decision: SnapshotDecision, point: ExportedPoint, stream_from: int,
+              report: SnapshotReport) -> SnapshotReport:
+        report.consistent_point = Lsn(point.lsn)
+        with connection(self.settings.dsn) as conn:
+            state, kept = self._state(conn, decision, stream_from)
+            sizes = {n: table_size(conn, *n) for n in state.plans if n in self.contexts}
+            for name in state.plans:
+                if name in self.contexts:
+                    self._key(conn, name)
+        report.snapshot_id = state.snapshot_id
+        report.resumed_chunks = sum(len(c) for c in kept.values())
+        tables = [n for n in state.tables if n in state.plans and n in self.contexts
+                  and n not in state.committed and n not in state.vanished]
+        tasks = self._tasks(state, tables, kept, point, sizes)
+        est = sum(max(state.plans[n].est_rows, 0) for n in tables)
+        tracker = ProgressTracker(state.snapshot_id, sum(len(state.plans[n].chunks)
+                                                         for n in tables), est,
+                                  chunks_done=report.resumed_chunks,
+                                  rows_done=sum(c.rows for d in kept.values()
+                                                for c in d.values()))
+        done: dict[TableName, dict[int, ChunkDone]] = {n: dict(kept.get(n, {})) for n in tables}
+        vanished: dict[TableName, str] = {}
+        fatal: list[Exception] = []
+
+        def proceed(task: ChunkTask) -> bool:
+            return not fatal and task.chunk.qualified not in vanished
+
+        def on_result(result: ChunkResult) -> None:
+            name = result.chunk.qualified
+            if result.error is not None:
+                exc = result.error.exception()
+                if isinstance(exc, TableVanishedError):
+                    if name not in vanished:
+                        vanished[name] = str(exc)
+                        self.log.vanished(state.snapshot_id, name, str(exc))
+                elif not fatal:
+                    fatal.append(exc)
+                return
+            chunk_done = ChunkDone(result.chunk.index, result.lsn, result.rows, result.bronze,
+                                   result.silver)
+            self.log.chunks_done(state.snapshot_id, [(state.plans[name], chunk_done)])
+            done[name][chunk_done.index] = chunk_done
+            report.rows_read += result.rows
+            report.chunks_read += 1
+            crash_point(f"snapshot_after_chunk_{report.chunks_read}")
+            info = tracker.add(f"{name[0]}.{name[1]}", result.rows)
+            report.last_progress = info
+            self.progress(info.message())
+            if self.on_progress is not None:
+                self.on_progress(info)
+            if len(done[name]) == len(state.plans[name].chunks):
+                report.tables.append(self._commit(state, name, done[name], len(kept.get(name,
+                                                                                       {}))))
+
+        for name in tables:  # complete before this run (crash before their commit)
+            if len(done[name]) == len(state.plans[name].chunks):
+                report.tables.append(self._commit(state, name, done[name],
+                                                  len(kept.get(name, {}))))
+        run_chunks(self.spark, tasks, on_result, parallelism=self.settings.snapshot_max_threads,
+                   proceed=proceed)
+        if fatal:
+            raise fatal[0]
+        for name in decision.empty_tables:
+            report.empty_tables.append(self._commit_empty(name, point.lsn))
+        self.log.finish(state.snapshot_id, "done")
+        report.performed = True
+        report.seconds = time.monotonic() - self.started
+        self.progress(f"snapshot {state.snapshot_id} done: {report.rows:,} rows in "
+                      f"{len(report.tables)} tables, {report.rows_per_second:,.0f} rows/s")
+        if vanished:
+            raise TableVanishedError("; ".join(vanished.values()))
+        return report
+
+    def _state(self, conn: psycopg2.extensions.connection, decision: SnapshotDecision,
+               stream_from: int) -> tuple[SnapshotState, dict[TableName, dict[int, ChunkDone]]]:
+        """The snapshot to work on (new, or the open one extended) and the chunks to keep."""
+        kept: dict[TableName, dict[int, ChunkDone]] = {}
+        if decision.resume is None:
+            snapshot_id = int(time.time() * 1000)
+            plans = [self._plan(conn, n) for n in decision.tables]
+            self.log.start(snapshot_id, self.mode, decision.reason, plans)
+            state = SnapshotState(snapshot_id, self.mode, [p.name for p in plans],
+                                  {p.name: p for p in plans})
+            return state, kept
+        state = decision.resume
+        extra = [self._plan(conn, n) for n in decision.tables if n not in state.plans]
+        if extra:
+            self.log.add_plans(state.snapshot_id, extra)
+            for p in extra:
+                state.plans[p.name] = p
+                state.tables.append(p.name)
+        for name, plan in state.plans.items():
+            ctx = self.contexts.get(name)
+            if ctx is None or name in state.committed:
+                continue
+            chunks = state.chunks.get(name, {})
+            if plan.fingerprint != _fingerprint(ctx):
+                self.progress(f"{name[0]}.{name[1]}: its columns or handling modes changed "
+                              "since the interrupted run; reading it again")
+                state.plans[name] = self._plan(conn, name)
+                self.log.add_plans(state.snapshot_id, [state.plans[name]])
+                continue
+            if plan.kind == "ctid":
+                points = {c.lsn for c in chunks.values()}
+                if len(chunks) == len(plan.chunks) and len(points) == 1 and \
+                        min(points) >= stream_from:
+                    kept[name] = dict(chunks)
+                continue  # CTID ranges are only consistent at one point: read again
+            kept[name] = {i: c for i, c in chunks.items() if c.lsn >= stream_from}
+        return state, kept
+
+    def _tasks(self, state: SnapshotState, tables: Sequence[TableName],
+               kept: dict[TableName, dict[int, ChunkDone]], point: ExportedPoint,
+               sizes: dict[TableName, TableSize]) -> list[ChunkTask]:
+        tasks = []
+        now_ms = int(time.time() * 1000)
+        for pos, name in enumerate(tables):
+            ctx = self.contexts[name]
+            plan = state.plans[name]
             ensure_table(ctx.bronze_uri, ctx.bronze_schema)
             ensure_table(ctx.silver_uri, ctx.silver_schema)
-            blocks = table_blocks(conn, ctx.relation.namespace, ctx.relation.name)
-            for chunk in plan_chunks(ctx.relation.namespace, ctx.relation.name, blocks,
-                                     blocks_per_chunk):
+            size = sizes[name]
+            fetch = block_bytes(self.settings.snapshot_fetch_size, size.row_bytes)
+            first = "first" if pos == 0 else "first_in_data_collection"
+            last = "last" if pos == len(tables) - 1 else "last_in_data_collection"
+            final = len(plan.chunks) - 1
+            for chunk in plan.chunks:
+                if chunk.index in kept.get(name, {}):
+                    continue
                 tasks.append(ChunkTask(
-                    settings.dsn, snapshot_name, chunk, ctx.relation, ctx.converters,
-                    ctx.bronze_uri, ctx.silver_uri, ident, lsn, "true", now_ms))
-    return tasks
+                    self.settings.dsn, point.snapshot_name, chunk, ctx.relation,
+                    ctx.converters, ctx.bronze_schema, ctx.silver_schema,
+                    tuple(self.keys.get(name, ())), self.overrides.get(name), ctx.bronze_uri,
+                    ctx.silver_uri, self.ident, point.lsn, now_ms,
+                    first_marker=first if chunk.index == 0 else None,
+                    last_marker=last if chunk.index == final else None,
+                    block_size=fetch, file_prefix=f"snap{state.snapshot_id}"))
+        return tasks
+
+    # --- committing ---------------------------------------------------------------------
+
+    def _commit(self, state: SnapshotState, name: TableName, done: dict[int, ChunkDone],
+                resumed: int) -> TableSnapshotReport:
+        """Bronze append + silver overwrite of one table, each exactly once."""
+        ctx = self.contexts[name]
+        snapshot_id = state.snapshot_id
+        lsn = min(c.lsn for c in done.values())
+        rows = sum(c.rows for c in done.values())
+        snap_app = f"{self.settings.app_prefix}:snapshot:{ctx.name}"
+        meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(lsn)), "pgcdc.rows": str(rows),
+                "pgcdc.snapshot_id": str(snapshot_id), "pgcdc.snapshot_mode": self.mode,
+                "pgcdc.chunks": str(len(done))}
+        bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
+        if committed_version(bronze, snap_app) == snapshot_id:
+            b_version = _version_of(bronze, snapshot_id)
+        else:
+            now = int(time.time() * 1000)
+            actions: list[AddAction | RemoveAction] = [
+                AddAction(f.path, f.size, {}, now, True, f.stats)
+                for c in done.values() if c.bronze is not None for f in [c.bronze]]
+            props = CommitProperties(
+                app_transactions=[Transaction(ctx.bronze_app_id, lsn),
+                                  Transaction(snap_app, snapshot_id)],
+                custom_metadata=meta)
+            bronze.create_write_transaction(actions, "append", ctx.bronze_schema,
+                                            commit_properties=props)
+            bronze.update_incremental()
+            b_version = bronze.version()
+            crash_point("snapshot_after_bronze_commit")
+        silver = ensure_table(ctx.silver_uri, ctx.silver_schema)
+        if _version_of(silver, snapshot_id) >= 0:
+            s_version = silver.version()
+        else:
+            files = [_data_file(c.silver) for c in done.values() if c.silver is not None]
+            s_version = commit_files(silver, files, ctx.silver_schema, mode="overwrite",
+                                     app_id=ctx.silver_app_id, version=b_version,
+                                     metadata=meta)
+        self.log.table_done(snapshot_id, name, lsn, rows, b_version, s_version)
+        self.progress(f"{ctx.name}: {rows:,} rows committed (bronze v{b_version}, silver "
+                      f"v{s_version} replaced), offset {Lsn(lsn)}")
+        return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn,
+                                   resumed)
+
+    def _commit_empty(self, name: TableName, point: int) -> str:
+        """An offset without data: streaming of the table starts at ``point``."""
+        ctx = self.contexts[name]
+        bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
+        ensure_table(ctx.silver_uri, ctx.silver_schema)
+        if committed_version(bronze, ctx.bronze_app_id) is None:
+            meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(point)), "pgcdc.rows": "0",
+                    "pgcdc.snapshot_mode": self.mode, "pgcdc.no_data": "true"}
+            props = CommitProperties(app_transactions=[Transaction(ctx.bronze_app_id, point)],
+                                     custom_metadata=meta)
+            bronze.create_write_transaction([], "append", ctx.bronze_schema,
+                                            commit_properties=props)
+        return ctx.name
+
+    def _empty_only(self, decision: SnapshotDecision, point: int,
+                    report: SnapshotReport) -> SnapshotReport:
+        for name in decision.empty_tables:
+            report.empty_tables.append(self._commit_empty(name, point))
+        report.performed = bool(report.empty_tables) or decision.slot_action == "create_plain"
+        report.consistent_point = Lsn(point)
+        report.seconds = time.monotonic() - self.started
+        return report
+
+    def _abandon(self, state: SnapshotState, reason: str) -> None:
+        """Close an open snapshot that cannot be finished; remove its uncommitted files."""
+        self.log.finish(state.snapshot_id, "abandoned", reason)
+        for name, chunks in state.chunks.items():
+            ctx = self.contexts.get(name)
+            if ctx is None or name in state.committed:
+                continue
+            for c in chunks.values():
+                for root, f in ((ctx.bronze_uri, c.bronze), (ctx.silver_uri, c.silver)):
+                    if f is not None and is_local(root):
+                        _remove(f"{root}/{f.path}")
+        self.progress(f"abandoned snapshot {state.snapshot_id}: {reason}")
 
 
-def _commit_table(ctx: TableContext, results: Sequence[ChunkResult],
-                  lsn: int) -> TableSnapshotReport:
-    rows = sum(r.rows for r in results)
-    meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(lsn)), "pgcdc.rows": str(rows)}
-    bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
-    b_version = commit_files(bronze, [r.bronze for r in results if r.bronze], ctx.bronze_schema,
-                             mode="append", app_id=ctx.bronze_app_id, version=lsn, metadata=meta)
-    silver = ensure_table(ctx.silver_uri, ctx.silver_schema)
-    s_version = commit_files(silver, [r.silver for r in results if r.silver], ctx.silver_schema,
-                             mode="overwrite", app_id=ctx.silver_app_id, version=b_version,
-                             metadata=meta)
-    return TableSnapshotReport(ctx.name, rows, len(results), b_version, s_version)
+def _version_of(table: DeltaTable, snapshot_id: int, limit: int = 50) -> int:
+    """Version of the table's commit of snapshot ``snapshot_id`` (-1 when not found)."""
+    for entry in table.history(limit):
+        if entry.get("pgcdc.snapshot_id") == str(snapshot_id):
+            return int(entry["version"])
+    return -1
+
+
+def _remove(path: str) -> None:
+    import os
+
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+

@@ -1,48 +1,204 @@
-"""Reading table chunks with COPY inside an exported snapshot, as streams of Arrow batches.
+"""Snapshot reads: chunk planning, chunk queries and COPY streams as Arrow text batches.
 
-COPY ... (FORMAT csv) gives every value in its type's text output, the same text pgoutput
-sends, so one set of converters serves the snapshot and the stream. The COPY runs in a
-thread writing into an OS pipe that pyarrow's streaming CSV reader consumes: memory stays
-bounded by the CSV block size whatever the chunk's size.
+Chunks (design.md §3, decision 7; issue 5):
+
+* **key ranges** for every table with a key (every captured table has one: a primary key or a
+  replica identity index, both btree, NOT NULL and unique). Boundaries are equal-width
+  ranges between min and max for a single integer key, otherwise quantiles of a
+  ``TABLESAMPLE SYSTEM`` sample; composite keys use row-value comparison
+  ``(a, b) >= (x, y) AND (a, b) < (z, w)``, which follows the key index. A key belongs to
+  exactly one range whatever happens to its row, which is what lets an interrupted snapshot
+  finish its remaining ranges at a later consistent point (see ``capture/snapshot.py``).
+* **CTID block ranges** (``ctid >= '(a,0)' AND ctid < '(b,0)'``, a TID range scan) when no key
+  can be used. An update may move a row to another block, so CTID chunks are only consistent
+  when all of them are read in the same snapshot.
+
+Reading: ``COPY (SELECT ...) TO STDOUT`` in PostgreSQL's text format runs in a thread that
+writes into an OS pipe, and pyarrow's streaming CSV reader parses it (tab-separated, no
+quoting, ``\\N`` for NULL; newlines inside values are escaped, so a row is one line and the
+parser needs no quote tracking). Values escaped by COPY (backslash, control characters) are
+unescaped after parsing, for the few values that hold a backslash. Memory stays bounded by
+the parser's block size whatever the chunk's size. Every reader transaction pins the session
+settings the converters expect (ISO dates, ``postgres`` intervals, UTC, shortest exact floats,
+hex bytea), so the text equals what pgoutput would send under the same settings.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg2 import sql
 
+from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.exceptions import ConfigurationError, PgCdcError
 from pgcdc_dagster.postgres.connection import connect
 
-CSV_BLOCK_BYTES = 8 << 20
+CSV_BLOCK_BYTES = 1 << 20
+"""Default parser block: about ``snapshot.fetch.size`` rows of a typical table."""
+MIN_BLOCK_BYTES = 64 << 10
+MAX_BLOCK_BYTES = 64 << 20
+
+SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("client_encoding", "UTF8"),
+    ("DateStyle", "ISO, MDY"),
+    ("IntervalStyle", "postgres"),
+    ("TimeZone", "UTC"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+)
+"""``SET LOCAL`` in every snapshot transaction: the text forms the converters parse."""
+
+SAMPLE_PER_CHUNK = 200
+SAMPLE_MAX = 200_000
+
+
+class TableVanishedError(ConfigurationError):
+    """A captured table (or one of its columns) disappeared after the snapshot was planned."""
+
+
+class SnapshotExpiredError(PgCdcError):
+    """The exported snapshot is gone (its replication connection closed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyColumn:
+    """One key column, in key-index order, with the SQL type its boundary literals cast to."""
+
+    name: str
+    sql_type: str
 
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """A CTID block range ``[start_block, end_block)`` of one table; ``end_block`` None = open."""
+    """One unit of snapshot work: a key range or a CTID block range of one table.
+
+    Key ranges are ``[lower, upper)`` over the key columns (text values cast to the key
+    types); ``None`` is open. CTID ranges are ``[start_block, end_block)`` blocks.
+    """
 
     schema: str
     table: str
     index: int
-    start_block: int
-    end_block: int | None
+    kind: str = "key"
+    """``key`` or ``ctid``."""
+    lower: tuple[str, ...] | None = None
+    upper: tuple[str, ...] | None = None
+    start_block: int = 0
+    end_block: int | None = None
+
+    @property
+    def qualified(self) -> tuple[str, str]:
+        return (self.schema, self.table)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "kind": self.kind,
+                "lower": None if self.lower is None else list(self.lower),
+                "upper": None if self.upper is None else list(self.upper),
+                "start_block": self.start_block, "end_block": self.end_block}
+
+    @classmethod
+    def from_json(cls, schema: str, table: str, data: dict[str, Any]) -> Chunk:
+        lower, upper = data.get("lower"), data.get("upper")
+        return cls(schema, table, int(data["index"]), str(data["kind"]),
+                   None if lower is None else tuple(lower),
+                   None if upper is None else tuple(upper),
+                   int(data.get("start_block") or 0),
+                   None if data.get("end_block") is None else int(data["end_block"]))
+
+    def __str__(self) -> str:
+        if self.kind == "ctid":
+            end = "" if self.end_block is None else str(self.end_block)
+            span = f"blocks [{self.start_block}, {end})"
+        else:
+            lo = "-inf" if self.lower is None else ",".join(self.lower)
+            hi = "+inf" if self.upper is None else ",".join(self.upper)
+            span = f"keys [{lo}, {hi})"
+        return f"{self.schema}.{self.table}#{self.index} {span}"
+
+
+def set_session(cur: psycopg2.extensions.cursor, *, local: bool = True) -> None:
+    """Pin the text output settings the converters expect (``SET LOCAL`` by default)."""
+    scope = "SET LOCAL" if local else "SET"
+    for name, value in SESSION_SETTINGS:
+        cur.execute(sql.SQL(scope + " {} = {}").format(sql.Identifier(name),
+                                                       sql.Literal(value)))
+
+
+# --- planning ----------------------------------------------------------------------------
+
+def key_columns(conn: psycopg2.extensions.connection, schema: str,
+                table: str) -> list[KeyColumn]:
+    """The primary key (else the replica identity index) columns, in index order.
+
+    Chunks are ranges of this key whatever key the events carry (``message.key.columns``):
+    it is unique, NOT NULL and btree-ordered, so its ranges partition the rows.
+    """
+    with conn.cursor() as cur:
+        cur.execute(
+            """SELECT a.attname, format_type(a.atttypid, a.atttypmod), i.indisprimary
+               FROM pg_index i
+               JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+               WHERE i.indrelid = format('%%I.%%I', %s::text, %s::text)::regclass
+                 AND (i.indisprimary OR i.indisreplident)
+               ORDER BY i.indisprimary DESC, k.ord""",
+            (schema, table),
+        )
+        rows = cur.fetchall()
+    if not rows:
+        return []
+    primary = rows[0][2]
+    return [KeyColumn(name, typ) for name, typ, is_primary in rows if is_primary == primary]
+
+
+@dataclass(frozen=True, slots=True)
+class TableSize:
+    """Heap size and estimated rows of a table (``pg_class`` statistics)."""
+
+    bytes: int
+    blocks: int
+    est_rows: int
+
+    @property
+    def row_bytes(self) -> int:
+        """Average heap bytes per row (a proxy for the text width of a row)."""
+        return max(16, self.bytes // self.est_rows) if self.est_rows > 0 else 128
+
+
+def table_size(conn: psycopg2.extensions.connection, schema: str, table: str) -> TableSize:
+    """Heap bytes, blocks and an estimated row count now."""
+    with conn.cursor() as cur:
+        cur.execute(
+            """SELECT pg_relation_size(c.oid, 'main'), current_setting('block_size')::bigint,
+                      c.reltuples::bigint, c.relpages
+               FROM pg_class c WHERE c.oid = format('%%I.%%I', %s::text, %s::text)::regclass""",
+            (schema, table),
+        )
+        size, block, reltuples, relpages = cur.fetchone()
+    blocks = int(size) // int(block)
+    est = int(reltuples)
+    if est < 0 or relpages <= 0:
+        est = -1  # never analysed
+    elif relpages != blocks and relpages > 0:
+        est = int(est * blocks / relpages)
+    return TableSize(int(size), blocks, est)
 
 
 def table_blocks(conn: psycopg2.extensions.connection, schema: str, table: str) -> int:
     """Number of heap blocks of the table now (an upper bound for any older snapshot)."""
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT pg_relation_size(format('%%I.%%I', %s::text, %s::text)::regclass, 'main') "
-            "/ current_setting('block_size')::bigint",
-            (schema, table),
-        )
-        return int(cur.fetchone()[0])
+    return table_size(conn, schema, table).blocks
 
 
 def plan_chunks(schema: str, table: str, blocks: int, blocks_per_chunk: int) -> list[Chunk]:
@@ -54,74 +210,380 @@ def plan_chunks(schema: str, table: str, blocks: int, blocks_per_chunk: int) -> 
     while True:
         end = start + step
         if end >= blocks:
-            chunks.append(Chunk(schema, table, index, start, None))
+            chunks.append(Chunk(schema, table, index, "ctid", start_block=start))
             return chunks
-        chunks.append(Chunk(schema, table, index, start, end))
+        chunks.append(Chunk(schema, table, index, "ctid", start_block=start, end_block=end))
         start = end
         index += 1
 
 
-def chunk_query(chunk: Chunk, columns: Sequence[str]) -> sql.Composed:
-    """``SELECT cols FROM t WHERE ctid >= '(a,0)' AND ctid < '(b,0)'`` (a TID range scan)."""
+def _ranges(schema: str, table: str, bounds: Sequence[tuple[str, ...]]) -> list[Chunk]:
+    edges: list[tuple[str, ...] | None] = [None, *bounds, None]
+    return [Chunk(schema, table, i, "key", edges[i], edges[i + 1])
+            for i in range(len(edges) - 1)]
+
+
+def plan_key_chunks(conn: psycopg2.extensions.connection, schema: str, table: str,
+                    key: Sequence[KeyColumn], chunks: int, size: TableSize) -> list[Chunk]:
+    """Split the key space into about ``chunks`` ranges that partition it.
+
+    Boundaries are quantiles of a ``TABLESAMPLE SYSTEM`` sample of the keys (a few hundred
+    keys per range, at most ``SAMPLE_MAX``), so skewed or sparse keys still give ranges of
+    similar size. They only balance the work: whatever they are, the ranges cover every key
+    exactly once.
+    """
+    if chunks <= 1 or not key:
+        return _ranges(schema, table, [])
+    rows = size.est_rows if size.est_rows > 0 else size.blocks * 50
+    wanted = min(max(chunks * SAMPLE_PER_CHUNK, 1000), SAMPLE_MAX)
+    percent = 100.0 if rows <= wanted else 100.0 * wanted / rows
+    # Aliases keep ORDER BY on the key columns themselves (not on their text).
+    cols = sql.SQL(", ").join(
+        sql.SQL("_t.{}::text AS {}").format(sql.Identifier(k.name), sql.Identifier(f"_k{i}"))
+        for i, k in enumerate(key))
+    order = sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k.name)) for k in key)
+    with conn.cursor() as cur:
+        set_session(cur, local=False)
+        cur.execute(sql.SQL("SELECT {} FROM {} AS _t TABLESAMPLE SYSTEM ({}) ORDER BY {}")
+                    .format(cols, sql.Identifier(schema, table), sql.Literal(percent), order))
+        sample = cur.fetchall()
+    if len(sample) < chunks:
+        return _ranges(schema, table, [])
+    bounds: list[tuple[str, ...]] = []
+    for i in range(1, chunks):
+        pick = tuple(sample[(len(sample) * i) // chunks])
+        if not bounds or pick != bounds[-1]:
+            bounds.append(pick)
+    return _ranges(schema, table, bounds)
+
+
+# --- queries -----------------------------------------------------------------------------
+
+def _row(values: Sequence[str], key: Sequence[KeyColumn]) -> sql.Composable:
+    items = [sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(k.sql_type))
+             for v, k in zip(values, key, strict=True)]
+    return sql.SQL("({})").format(sql.SQL(", ").join(items))
+
+
+def chunk_query(chunk: Chunk, columns: Sequence[str], key: Sequence[KeyColumn] = (),
+                override: str | None = None) -> sql.Composed:
+    """The chunk's ``SELECT``: the table (or the validated override) restricted to the chunk.
+
+    Key types come from the catalog (``format_type``), never from user input; an override
+    has been validated as a single read-only SELECT by :func:`validate_override`.
+    """
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-    cond = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.start_block},0)"))]
-    if chunk.end_block is not None:
-        cond.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({chunk.end_block},0)")))
-    return sql.SQL("SELECT {} FROM {} WHERE {}").format(
-        cols, sql.Identifier(chunk.schema, chunk.table), sql.SQL(" AND ").join(cond))
+    source: sql.Composable = sql.Identifier(chunk.schema, chunk.table)
+    if override is not None:
+        source = sql.SQL("({}) AS _pgcdc_override").format(sql.SQL(override))
+    cond: list[sql.Composable] = []
+    if chunk.kind == "ctid":
+        if override is not None:
+            raise ConfigurationError(f"{chunk}: a SELECT override cannot be split by CTID")
+        cond.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.start_block},0)")))
+        if chunk.end_block is not None:
+            cond.append(sql.SQL("ctid < {}::tid").format(
+                sql.Literal(f"({chunk.end_block},0)")))
+    else:
+        names = sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(k.name) for k in key))
+        if chunk.lower is not None:
+            cond.append(sql.SQL("{} >= {}").format(names, _row(chunk.lower, key)))
+        if chunk.upper is not None:
+            cond.append(sql.SQL("{} < {}").format(names, _row(chunk.upper, key)))
+    query = sql.SQL("SELECT {} FROM {}").format(cols, source)
+    if cond:
+        query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(cond))
+    return query
 
 
-def _csv_reader(fd: int, columns: Sequence[str]) -> pacsv.CSVStreamingReader:
+# --- overrides ---------------------------------------------------------------------------
+
+_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
+
+
+def single_statement(text: str) -> str:
+    """The text without trailing semicolons; raise when it holds more than one statement.
+
+    A small SQL lexer: quoted strings (``'...'``, ``E'...'``), quoted identifiers, dollar
+    quotes and both comment styles are skipped, and a ``;`` followed by anything but
+    whitespace or comments means a second statement.
+    """
+    i, n = 0, len(text)
+    end: int | None = None
+    while i < n:
+        ch = text[i]
+        if ch == "'":
+            escapes = i > 0 and text[i - 1] in "eE" and (i < 2 or not text[i - 2].isalnum())
+            i += 1
+            while i < n:
+                if escapes and text[i] == "\\":
+                    i += 2
+                    continue
+                if text[i] == "'":
+                    if i + 1 < n and text[i + 1] == "'":
+                        i += 2
+                        continue
+                    break
+                i += 1
+            i += 1
+        elif ch == '"':
+            i = text.find('"', i + 1)
+            while i != -1 and i + 1 < n and text[i + 1] == '"':
+                i = text.find('"', i + 2)
+            i = n if i == -1 else i + 1
+        elif ch == "-" and text.startswith("--", i):
+            nl = text.find("\n", i)
+            i = n if nl == -1 else nl + 1
+        elif ch == "/" and text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif ch == "$" and (m := _DOLLAR.match(text, i)) and not (i and text[i - 1].isalnum()):
+            close = text.find(m.group(0), m.end())
+            i = n if close == -1 else close + len(m.group(0))
+        elif ch == ";":
+            if end is None:
+                end = i
+            i += 1
+        else:
+            if end is not None and not ch.isspace():
+                raise ConfigurationError("it holds more than one statement")
+            i += 1
+    body = text[:end] if end is not None else text
+    if not body.strip():
+        raise ConfigurationError("it is empty")
+    return body
+
+
+def validate_override(conn: psycopg2.extensions.connection, schema: str, table: str,
+                      select: str, columns: Sequence[tuple[str, int]]) -> str:
+    """Check a ``snapshot.select.statement.overrides`` SELECT; return it, ready to embed.
+
+    The statement must be one statement that PostgreSQL accepts as a cursor query (a SELECT
+    or VALUES, no data-modifying WITH), run in a READ ONLY transaction, and return every
+    captured column with the table's type. ``columns`` are (name, type oid) pairs.
+
+    Raises:
+        ConfigurationError: naming the property and what is wrong.
+    """
+    prop = f"snapshot.select.statement.overrides.{schema}.{table}"
+    try:
+        body = single_statement(select)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"{prop} must be a single SELECT statement, but {exc}: {select!r}") from None
+    old_autocommit = conn.autocommit
+    conn.autocommit = False
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            try:
+                cur.execute(sql.SQL("DECLARE _pgcdc_override_check NO SCROLL CURSOR FOR {}")
+                            .format(sql.SQL(body)))
+                cur.execute(sql.SQL("SELECT * FROM ({}) AS _pgcdc_override LIMIT 0")
+                            .format(sql.SQL(body)))
+            except psycopg2.Error as exc:
+                message = (exc.pgerror or str(exc)).strip().splitlines()[0]
+                raise ConfigurationError(
+                    f"{prop} must be a single read-only SELECT statement; PostgreSQL rejected "
+                    f"it: {message}") from None
+            described = {d.name: d.type_code for d in cur.description or ()}
+    finally:
+        conn.rollback()
+        conn.autocommit = old_autocommit
+    missing = [name for name, _ in columns if name not in described]
+    if missing:
+        raise ConfigurationError(
+            f"{prop} must return every captured column of {schema}.{table}; missing: "
+            f"{', '.join(missing)}")
+    wrong = [name for name, oid in columns if described[name] != oid]
+    if wrong:
+        raise ConfigurationError(
+            f"{prop} returns columns with other types than the table's: {', '.join(wrong)} "
+            "(the snapshot converts them with the table's column types; cast them back)")
+    return body
+
+
+# --- reading -----------------------------------------------------------------------------
+
+_UNESCAPE = {"\\": "\\", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_ESCAPE_RE = re.compile(r"\\(.)", re.DOTALL)
+
+
+def unescape_copy_text(value: str) -> str:
+    """Undo COPY text-format escaping (COPY TO writes only these escapes)."""
+    return _ESCAPE_RE.sub(lambda m: _UNESCAPE.get(m.group(1), m.group(1)), value)
+
+
+def _unescape_column(col: pa.Array) -> pa.Array:
+    mask = pc.match_substring(col, "\\")
+    if not pc.any(mask).as_py():
+        return col
+    texts = col.to_pylist()
+    flags = pc.fill_null(mask, False)
+    repl = [unescape_copy_text(t) for t, f in zip(texts, flags.to_pylist(), strict=True)
+            if f and t is not None]
+    return pc.replace_with_mask(col, flags, pa.array(repl, pa.string()))
+
+
+def _unescape(batch: pa.RecordBatch) -> pa.RecordBatch:
+    cols = [_unescape_column(c) for c in batch.columns]
+    return pa.RecordBatch.from_arrays(cols, schema=batch.schema)
+
+
+def _text_reader(source: Any, columns: Sequence[str],
+                 block_size: int) -> pacsv.CSVStreamingReader:
     names = list(columns)
     return pacsv.open_csv(
-        os.fdopen(fd, "rb", closefd=True),
-        read_options=pacsv.ReadOptions(column_names=names, block_size=CSV_BLOCK_BYTES),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        source,
+        read_options=pacsv.ReadOptions(column_names=names, block_size=block_size,
+                                       use_threads=False),
+        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
+                                         newlines_in_values=False, ignore_empty_lines=False),
         convert_options=pacsv.ConvertOptions(
             column_types={n: pa.string() for n in names},
             strings_can_be_null=True,
-            null_values=[""],
-            quoted_strings_can_be_null=False,
+            null_values=["\\N"],
         ),
     )
 
 
+def block_bytes(fetch_size: int, row_bytes: int) -> int:
+    """Parser block for ``snapshot.fetch.size`` rows of about ``row_bytes`` text bytes."""
+    return max(MIN_BLOCK_BYTES, min(MAX_BLOCK_BYTES, fetch_size * max(row_bytes, 1)))
+
+
+def _translate(exc: psycopg2.Error, label: str) -> Exception:
+    message = (exc.pgerror or str(exc) or type(exc).__name__).strip().splitlines()[0]
+    if isinstance(exc, psycopg2.errors.UndefinedTable | psycopg2.errors.UndefinedColumn):
+        return TableVanishedError(
+            f"{label}: {message}. The table or column was dropped or renamed after the "
+            "snapshot was planned. Remove it from table.include.list (or restore it) and run "
+            "the snapshot again; chunks already read are kept.")
+    if isinstance(exc, psycopg2.errors.InvalidParameterValue) and "snapshot" in message:
+        return SnapshotExpiredError(
+            f"{label}: {message}. The exported snapshot is gone (its replication connection "
+            "closed before every chunk was read). Run the snapshot again; it resumes with the "
+            "chunks not yet read.")
+    same: Exception = exc
+    return same
+
+
 def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable,
-                      columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+                      columns: Sequence[str], *, block_size: int = CSV_BLOCK_BYTES,
+                      label: str = "snapshot read") -> Iterator[pa.RecordBatch]:
     """Yield batches of the query's rows, every column as text (NULL as null).
 
     With ``snapshot_name`` the query runs in a REPEATABLE READ READ ONLY transaction that
     imports that exported snapshot, so every chunk sees the same consistent state.
+    ``label`` names the work in error messages.
+
+    Raises:
+        TableVanishedError: the table or a column no longer exists.
+        SnapshotExpiredError: ``snapshot_name`` can no longer be imported.
     """
     conn = connect(dsn, autocommit=False, application_name="pgcdc_dagster chunk reader")
+    copy = sql.SQL("COPY ({}) TO STDOUT").format(query).as_string(conn)
     read_fd, write_fd = os.pipe()
+    source = os.fdopen(read_fd, "rb", closefd=True)
     failure: list[BaseException] = []
 
     def produce() -> None:
         try:
-            with os.fdopen(write_fd, "wb", closefd=True) as sink, conn.cursor() as cur:
+            with os.fdopen(write_fd, "wb", buffering=1 << 16, closefd=True) as sink, \
+                    conn.cursor() as cur:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 if snapshot_name:
                     cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-                cur.execute("SET LOCAL client_encoding = 'UTF8'")
-                copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(query)
-                cur.copy_expert(copy.as_string(conn), sink, size=1 << 20)
+                set_session(cur)
+                cur.copy_expert(copy, sink, size=1 << 20)
         except BaseException as exc:
             failure.append(exc)
+
+    def failed() -> Exception | None:
+        thread.join()
+        if not failure:
+            return None
+        exc = failure[0]
+        return _translate(exc, label) if isinstance(exc, psycopg2.Error) else \
+            exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
 
     thread = threading.Thread(target=produce, name="pgcdc-copy", daemon=True)
     thread.start()
     try:
         try:
-            reader = _csv_reader(read_fd, columns)
-        except pa.ArrowInvalid:
-            reader = None  # empty input: pyarrow cannot open a CSV without a first block
-        if reader is not None:
-            yield from reader
-        thread.join()
+            reader = _text_reader(source, columns, block_size)
+            for batch in reader:
+                yield _unescape(batch)
+        except pa.ArrowInvalid as exc:
+            if "Empty CSV" not in str(exc):
+                cause = failed()
+                if cause is not None:
+                    raise cause from None
+                raise
+        cause = failed()
+        if cause is not None:
+            raise cause from None
     finally:
+        if thread.is_alive():
+            conn.cancel()  # the consumer stopped early: end the COPY, unblock the writer
+        source.close()
         thread.join(timeout=60)
-        conn.rollback()
+        if not conn.closed:
+            conn.rollback()
+            conn.close()
+
+
+# --- consistent points -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ExportedPoint:
+    """A slot's consistent point and the snapshot exported there."""
+
+    slot: str
+    lsn: int
+    snapshot_name: str
+
+
+@contextmanager
+def temporary_exported_snapshot(dsn: str, slot: str) -> Iterator[ExportedPoint]:
+    """A TEMPORARY logical slot with an exported snapshot, alive for the block.
+
+    The snapshot shows exactly the transactions whose commit precedes the slot's consistent
+    point; the temporary slot (dropped when its connection closes) only serves that export.
+    """
+    conn = connect(dsn, replication=True, application_name="pgcdc_dagster snapshot point")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput "
+                                "EXPORT_SNAPSHOT").format(sql.Identifier(slot)).as_string(conn))
+            name, point, snapshot, _plugin = cur.fetchone()
+        yield ExportedPoint(str(name), int(Lsn.parse(point)), str(snapshot))
+    finally:
         conn.close()
-    if failure:
-        raise failure[0]
+
+
+def create_plain_slot(conn: psycopg2.extensions.connection, slot: str) -> int:
+    """Create a pgoutput slot without a snapshot (``no_data``); return its consistent point."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+                    (slot,))
+        return int(Lsn.parse(cur.fetchone()[0]))
+
+
+def published_tables(conn: psycopg2.extensions.connection,
+                     publication: str) -> set[tuple[str, str]] | None:
+    """Tables of the publication (None for a FOR ALL TABLES publication or a missing one)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (publication,))
+        row = cur.fetchone()
+        if row is None or row[0]:
+            return None
+        cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                    (publication,))
+        return {(str(s), str(t)) for s, t in cur.fetchall()}

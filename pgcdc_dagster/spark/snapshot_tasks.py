@@ -1,31 +1,42 @@
-"""Snapshot chunks as Spark tasks: each task COPYs one chunk inside the exported snapshot and
-writes bronze and silver Parquet files straight into the Delta table directories.
+"""Snapshot chunks as Spark tasks: each task COPYs one chunk inside an exported snapshot and
+writes one bronze and one silver Parquet file straight into the Delta table directories.
 
 The driver commits the returned files through delta-rs; a task never commits. Memory per task
-is bounded by one CSV block, whatever the chunk's size.
+is bounded by one parser block plus one row group (``row_group_bytes`` of text), whatever the
+chunk's size. The worker side imports neither deltalake, pandas nor pyspark.
+
+Errors the user can act on (a type the configured mode cannot convert, a table that
+vanished, an expired snapshot) come back as :class:`ChunkError` values instead of Spark task
+failures, so the driver re-raises them with their own type and message.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pgcdc_dagster import exceptions
+from pgcdc_dagster.capture.snapshot_convert import ChunkConverter
 from pgcdc_dagster.cdc.changes import Relation
-from pgcdc_dagster.cdc.envelope import SourceIdentity, bronze_from_snapshot, bronze_schema
+from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
-from pgcdc_dagster.lake.delta import DataFile, describe_file
-from pgcdc_dagster.lake.silver import META_FIELDS, silver_schema
-from pgcdc_dagster.postgres.snapshot_read import Chunk, chunk_query, read_text_batches
+from pgcdc_dagster.postgres import snapshot_read
+from pgcdc_dagster.postgres.snapshot_read import Chunk, KeyColumn, chunk_query, read_text_batches
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+ROW_GROUP_BYTES = 24 << 20
+"""Text bytes converted and written as one Parquet row group."""
 
 
 @dataclass(frozen=True)
@@ -37,84 +48,225 @@ class ChunkTask:
     chunk: Chunk
     relation: Relation
     converters: tuple[ColumnConverter, ...]
+    bronze_schema: pa.Schema
+    silver_schema: pa.Schema
+    key: tuple[KeyColumn, ...]
+    override: str | None
     bronze_root: str
     silver_root: str
     ident: SourceIdentity
     lsn: int
-    snapshot_marker: str
+    """The consistent point the chunk is read at: the rows' sequence."""
     processed_ms: int
+    first_marker: str | None = None
+    """``source.snapshot`` of the chunk's first row (``first``/``first_in_data_collection``)."""
+    last_marker: str | None = None
+    """``source.snapshot`` of the chunk's last row (``last``/``last_in_data_collection``)."""
+    block_size: int = snapshot_read.CSV_BLOCK_BYTES
+    row_group_bytes: int = ROW_GROUP_BYTES
+    file_prefix: str = "snap"
 
     def __repr__(self) -> str:  # never print the DSN
         return f"ChunkTask({self.chunk})"
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotFile:
+    """A Parquet file a task wrote under a table root (not yet in the Delta log)."""
+
+    path: str
+    """Relative to the table root."""
+    size: int
+    num_records: int
+    stats: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "num_records": self.num_records,
+                "stats": self.stats}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SnapshotFile:
+        return cls(str(data["path"]), int(data["size"]), int(data["num_records"]),
+                   str(data["stats"]))
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkError:
+    """An error the user can act on, raised again on the driver with its type."""
+
+    kind: str
+    message: str
+
+    def exception(self) -> Exception:
+        cls = getattr(exceptions, self.kind, None) or getattr(snapshot_read, self.kind, None)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            return cls(self.message)
+        return exceptions.PgCdcError(f"{self.kind}: {self.message}")
+
+
 @dataclass(frozen=True)
 class ChunkResult:
-    """Files one task wrote, and how many rows."""
+    """Files one task wrote, and how many rows; or the error that stopped it."""
 
     chunk: Chunk
+    lsn: int
     rows: int
-    bronze: DataFile | None
-    silver: DataFile | None
+    bronze: SnapshotFile | None
+    silver: SnapshotFile | None
     seconds: float
+    error: ChunkError | None = None
 
 
-def _silver_batch(task: ChunkTask, text: pa.RecordBatch, schema: pa.Schema) -> pa.Table:
-    n = text.num_rows
-    cols = [conv.to_silver(text.column(i)) for i, conv in enumerate(task.converters)]
-    meta = [
-        pa.array(["r"] * n), pa.array([task.lsn] * n, pa.int64()),
-        pa.array([task.lsn] * n, pa.int64()), pa.array([0] * n, pa.int64()),
-        pa.array([task.processed_ms] * n, pa.int64()), pa.array([False] * n),
-    ]
-    assert len(meta) == len(META_FIELDS)
-    return pa.Table.from_arrays([*cols, *meta], schema=schema)
+def stats_json(meta: pq.FileMetaData, num_records: int) -> str:
+    """Delta file statistics: record count, and min/max/null counts of flat int/bool columns.
+
+    The same statistics ``lake.delta`` computes for files it describes.
+    """
+    mins: dict[str, object] = {}
+    maxs: dict[str, object] = {}
+    nulls: dict[str, int] = {}
+    schema = meta.schema.to_arrow_schema()
+    flat = {f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_boolean(f.type)}
+    for rg in range(meta.num_row_groups):
+        group = meta.row_group(rg)
+        for ci in range(group.num_columns):
+            col = group.column(ci)
+            name = col.path_in_schema
+            if name not in flat or col.statistics is None or not col.statistics.has_min_max:
+                continue
+            lo, hi = col.statistics.min, col.statistics.max
+            mins[name] = lo if name not in mins else min(mins[name], lo)
+            maxs[name] = hi if name not in maxs else max(maxs[name], hi)
+            nulls[name] = nulls.get(name, 0) + int(col.statistics.null_count or 0)
+    return json.dumps({"numRecords": num_records, "minValues": mins, "maxValues": maxs,
+                       "nullCount": nulls})
+
+
+class _Output:
+    """One Parquet file under a table root, opened on the first row group."""
+
+    def __init__(self, root: str, name: str, schema: pa.Schema,
+                 options: Callable[[], dict[str, Any]]) -> None:
+        self.fs, base = pafs.FileSystem.from_uri(root) if "://" in root else \
+            (pafs.LocalFileSystem(), root)
+        self.name = name
+        self.path = f"{base.rstrip('/')}/{name}"
+        self.schema = schema
+        self.options = options
+        self.writer: pq.ParquetWriter | None = None
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.path, self.schema, filesystem=self.fs,
+                                           **self.options())
+        self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        self.rows += table.num_rows
+
+    def close(self) -> SnapshotFile | None:
+        if self.writer is None:
+            return None
+        self.writer.close()
+        meta = self.writer.writer.metadata
+        size = self.fs.get_file_info(self.path).size
+        return SnapshotFile(self.name, int(size or 0), self.rows, stats_json(meta, self.rows))
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+                self.fs.delete_file(self.path)
+            except OSError:
+                pass
 
 
 def run_chunk(task: ChunkTask) -> ChunkResult:
     """Read one chunk and write its bronze and silver Parquet files (runs on a worker)."""
     started = time.monotonic()
-    columns = [c.name for c in task.relation.columns]
-    b_schema = bronze_schema(task.relation, task.converters)
-    s_schema = silver_schema(task.relation, task.converters)
-    name = f"part-snap-{task.chunk.index:05d}-{uuid.uuid4().hex}.parquet"
-    b_path = os.path.join(task.bronze_root, name)
-    s_path = os.path.join(task.silver_root, name)
-    rows = 0
-    b_writer: pq.ParquetWriter | None = None
-    s_writer: pq.ParquetWriter | None = None
     try:
-        query = chunk_query(task.chunk, columns)
-        for batch in read_text_batches(task.dsn, task.snapshot_name, query, columns):
+        return _run_chunk(task, started)
+    except exceptions.PgCdcError as exc:
+        return ChunkResult(task.chunk, task.lsn, 0, None, None, time.monotonic() - started,
+                           ChunkError(type(exc).__name__, str(exc)))
+
+
+def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
+    conv = ChunkConverter(task.relation, task.converters, task.ident,
+                          bronze_schema=task.bronze_schema, silver_schema=task.silver_schema,
+                          lsn=task.lsn, processed_ms=task.processed_ms)
+    name = f"part-{task.file_prefix}-{task.chunk.index:05d}-{uuid.uuid4().hex}.parquet"
+    bronze = _Output(task.bronze_root, name, task.bronze_schema, lambda: conv.bronze_options)
+    silver = _Output(task.silver_root, name, task.silver_schema, lambda: conv.silver_options)
+    columns = [c.name for c in task.relation.columns]
+    query = chunk_query(task.chunk, columns, task.key, task.override)
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+    first = True
+
+    def flush(last: bool) -> None:
+        nonlocal pending, pending_bytes, first
+        if not pending:
+            return
+        text = pa.Table.from_batches(pending).combine_chunks()
+        pending, pending_bytes = [], 0
+        conv.plan_dictionary(text)
+        b, s = conv.convert(text, first_marker=task.first_marker if first else None,
+                            last_marker=task.last_marker if last else None)
+        first = False
+        bronze.write(b)
+        silver.write(s)
+
+    try:
+        for batch in read_text_batches(task.dsn, task.snapshot_name, query, columns,
+                                       block_size=task.block_size, label=str(task.chunk)):
             if batch.num_rows == 0:
                 continue
-            if b_writer is None:
-                b_writer = pq.ParquetWriter(b_path, b_schema, compression="zstd")
-                s_writer = pq.ParquetWriter(s_path, s_schema, compression="zstd")
-            b_writer.write_table(bronze_from_snapshot(
-                task.relation, task.converters, batch, task.ident, lsn=task.lsn,
-                snapshot=task.snapshot_marker, processed_ms=task.processed_ms))
-            assert s_writer is not None
-            s_writer.write_table(_silver_batch(task, batch, s_schema))
-            rows += batch.num_rows
-    finally:
-        if b_writer is not None:
-            b_writer.close()
-        if s_writer is not None:
-            s_writer.close()
-    if rows == 0:
-        return ChunkResult(task.chunk, 0, None, None, time.monotonic() - started)
-    return ChunkResult(
-        task.chunk, rows,
-        describe_file(task.bronze_root, name, rows),
-        describe_file(task.silver_root, name, rows),
-        time.monotonic() - started,
-    )
+            if pending_bytes + batch.nbytes > task.row_group_bytes and pending:
+                flush(last=False)
+            pending.append(batch)
+            pending_bytes += batch.nbytes
+        flush(last=True)
+        b_file, s_file = bronze.close(), silver.close()
+    except BaseException:
+        bronze.abort()
+        silver.abort()
+        raise
+    rows = b_file.num_records if b_file is not None else 0
+    return ChunkResult(task.chunk, task.lsn, rows, b_file, s_file, time.monotonic() - started)
 
 
-def run_chunks(spark: SparkSession, tasks: Sequence[ChunkTask]) -> list[ChunkResult]:
-    """Run the tasks in parallel on the Spark executors; results in task order."""
+def run_chunks(spark: SparkSession, tasks: Sequence[ChunkTask],
+               on_result: Callable[[ChunkResult], None], *, parallelism: int = 0,
+               proceed: Callable[[ChunkTask], bool] = lambda _task: True) -> None:
+    """Run the tasks on the Spark executors, calling ``on_result`` as each one finishes.
+
+    Each chunk is its own Spark job, submitted from ``parallelism`` driver threads (0 = the
+    context's default parallelism), so results arrive, and are committed, as chunks finish.
+    ``on_result`` runs on the calling thread, one result at a time; a task for which
+    ``proceed`` says False when its turn comes is skipped (after an error).
+    """
     if not tasks:
-        return []
-    rdd = spark.sparkContext.parallelize(list(tasks), len(tasks))
-    return list(rdd.map(run_chunk).collect())
+        return
+    sc = spark.sparkContext
+    workers = parallelism or max(1, int(sc.defaultParallelism))
+    group = f"pgcdc-snapshot-{uuid.uuid4().hex[:8]}"
+
+    def submit(task: ChunkTask) -> ChunkResult | None:
+        if not proceed(task):
+            return None
+        sc.setJobGroup(group, f"pgcdc snapshot {task.chunk}", interruptOnCancel=True)
+        results: list[ChunkResult] = sc.parallelize([task], 1).map(run_chunk).collect()
+        return results[0]
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pgcdc-snap") as pool:
+        futures: list[Future[ChunkResult | None]] = [pool.submit(submit, t) for t in tasks]
+        try:
+            for future in as_completed(futures):
+                result = future.result()
+                if result is not None:
+                    on_result(result)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            sc.cancelJobGroup(group)
+            raise

@@ -1,0 +1,188 @@
+"""Snapshot rows (every column as text) to bronze ``op = r`` events and silver rows at once.
+
+Each column is converted once, to its bronze (Debezium) encoding; its silver value is decoded
+from that bronze value (``from_bronze``), which the converters guarantee equals
+``to_silver`` of the text and is cheaper than converting the text a second time. Values
+that every row of a snapshot shares (the ``source`` block, ``op``, the sequence) are built
+as repeated constants, and the Parquet files are written with dictionary encoding only where
+it pays (constant and low-cardinality columns) and statistics only where Delta uses them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from pgcdc_dagster.capture.snapshot_fastpath import fast_convert
+from pgcdc_dagster.cdc.changes import Relation
+from pgcdc_dagster.cdc.envelope import CONNECTOR_VERSION, SOURCE_TYPE, SourceIdentity, relaxed
+from pgcdc_dagster.cdc.typeconv import ColumnConverter
+
+SNAPSHOT_MARKERS = ("true", "first", "first_in_data_collection", "last_in_data_collection",
+                    "last", "incremental")
+"""Values of ``source.snapshot`` (Debezium 2.x enum; SNAP-31)."""
+
+COMPRESSION = "zstd"
+COMPRESSION_LEVEL = 1
+LOW_CARDINALITY = 0.05
+"""Dictionary-encode a data column when its first row group has fewer distinct values than
+this fraction of its rows."""
+
+
+def _repeat(value: Any, n: int, typ: pa.DataType) -> pa.Array:
+    if value is None:
+        return pa.nulls(n, typ)
+    return pa.repeat(pa.scalar(value, typ), n)
+
+
+def _leaves(field: pa.Field, prefix: str = "") -> list[str]:
+    path = f"{prefix}{field.name}"
+    if pa.types.is_struct(field.type):
+        out: list[str] = []
+        for i in range(field.type.num_fields):
+            out.extend(_leaves(field.type.field(i), path + "."))
+        return out
+    return [path]
+
+
+def _flat_stats(schema: pa.Schema) -> list[str]:
+    """Top-level int/bool columns: the only statistics Delta file stats carry here."""
+    return [f.name for f in schema
+            if pa.types.is_integer(f.type) or pa.types.is_boolean(f.type)]
+
+
+class ChunkConverter:
+    """Converts text batches of one table to bronze and silver tables (one per row group)."""
+
+    def __init__(self, relation: Relation, converters: Sequence[ColumnConverter],
+                 ident: SourceIdentity, *, bronze_schema: pa.Schema, silver_schema: pa.Schema,
+                 lsn: int, processed_ms: int) -> None:
+        self.relation = relation
+        self.converters = tuple(converters)
+        self.ident = ident
+        self.lsn = lsn
+        self.processed_ms = processed_ms
+        self.bronze_schema = bronze_schema
+        self.silver_schema = silver_schema
+        data = {c.silver_field.name for c in converters}
+        self._silver_meta = [f.name for f in silver_schema if f.name not in data]
+        self._value_type = self.bronze_schema.field("after").type
+        self._key_type = self.bronze_schema.field("key").type
+        self._relaxed = [relaxed(c.bronze_field).type for c in converters]
+        self._dictionary: list[str] | None = None
+        self._silver_dictionary: list[str] | None = None
+
+    # Parquet options -------------------------------------------------------------------
+
+    def _options(self, schema: pa.Schema, dictionary: list[str]) -> dict[str, Any]:
+        return {"compression": COMPRESSION, "compression_level": COMPRESSION_LEVEL,
+                "use_dictionary": dictionary, "write_statistics": _flat_stats(schema)}
+
+    @property
+    def bronze_options(self) -> dict[str, Any]:
+        """ParquetWriter options of the bronze file."""
+        constant = [p for f in self.bronze_schema if f.name not in ("key", "after", "before")
+                    for p in _leaves(f)]
+        return self._options(self.bronze_schema, constant + self._low_cardinality("after."))
+
+    @property
+    def silver_options(self) -> dict[str, Any]:
+        """ParquetWriter options of the silver file."""
+        return self._options(self.silver_schema, self._silver_meta + self._low_cardinality(""))
+
+    def _low_cardinality(self, prefix: str) -> list[str]:
+        return [prefix + name for name in (self._dictionary or [])]
+
+    def plan_dictionary(self, text: pa.Table) -> None:
+        """Choose the dictionary-encoded data columns from the first row group's text."""
+        if self._dictionary is not None:
+            return
+        import pyarrow.compute as pc
+
+        n = max(text.num_rows, 1)
+        sample = text.slice(0, min(n, 20_000))
+        m = max(sample.num_rows, 1)
+        self._dictionary = [
+            conv.bronze_field.name for conv, col in zip(self.converters, sample.columns,
+                                                        strict=True)
+            if pc.count_distinct(col, mode="all").as_py() <= max(1, int(m * LOW_CARDINALITY))
+        ]
+
+    # Conversion ------------------------------------------------------------------------
+
+    def convert(self, text: pa.Table, *, first_marker: str | None = None,
+                last_marker: str | None = None) -> tuple[pa.Table, pa.Table]:
+        """Bronze and silver tables for the rows of ``text`` (columns in relation order)."""
+        n = text.num_rows
+        bronze_cols: list[pa.Array] = []
+        silver_cols: list[pa.Array] = []
+        for i, conv in enumerate(self.converters):
+            b, s = fast_convert(conv, text.column(i).combine_chunks())
+            if b.type != self._relaxed[i]:
+                b = b.cast(self._relaxed[i])
+            bronze_cols.append(b)
+            silver_cols.append(s)
+        after = pa.StructArray.from_arrays(bronze_cols, fields=list(self._value_type))
+        key_names = [f.name for f in self._key_type]
+        by_name = dict(zip([c.bronze_field.name for c in self.converters], bronze_cols,
+                           strict=True))
+        key = pa.StructArray.from_arrays([by_name[k] for k in key_names],
+                                         fields=list(self._key_type))
+        marker = _markers(n, first_marker, last_marker)
+        ms = self.processed_ms
+        source = pa.StructArray.from_arrays([
+            _repeat(CONNECTOR_VERSION, n, pa.string()), _repeat("postgresql", n, pa.string()),
+            _repeat(self.ident.name, n, pa.string()), _repeat(ms, n, pa.int64()), marker,
+            _repeat(self.ident.db, n, pa.string()),
+            _repeat(json.dumps([None, str(self.lsn)]), n, pa.string()),
+            _repeat(ms * 1000, n, pa.int64()),
+            _repeat(self.relation.namespace, n, pa.string()),
+            _repeat(self.relation.name, n, pa.string()), pa.nulls(n, pa.int64()),
+            _repeat(self.lsn, n, pa.int64()), pa.nulls(n, pa.int64()),
+        ], fields=list(SOURCE_TYPE))
+        bronze_values: dict[str, pa.Array] = {
+            "key": key, "after": after, "source": source, "op": _repeat("r", n, pa.string()),
+            "ts_ms": _repeat(ms, n, pa.int64()), "__commit_lsn": _repeat(self.lsn, n, pa.int64()),
+            "__ordinal": _repeat(0, n, pa.int64()),
+        }
+        bronze = pa.Table.from_arrays(
+            [_typed(bronze_values.get(f.name), f, n) for f in self.bronze_schema],
+            schema=self.bronze_schema)
+        silver_values: dict[str, pa.Array] = {
+            "__op": _repeat("r", n, pa.string()), "__lsn": _repeat(self.lsn, n, pa.int64()),
+            "__commit_lsn": _repeat(self.lsn, n, pa.int64()),
+            "__ordinal": _repeat(0, n, pa.int64()),
+            "__source_ts_ms": _repeat(ms, n, pa.int64()),
+            "__deleted": _repeat(False, n, pa.bool_()),
+        }
+        silver_values.update(zip([c.silver_field.name for c in self.converters], silver_cols,
+                                 strict=True))
+        silver = pa.Table.from_arrays(
+            [_typed(silver_values.get(f.name), f, n) for f in self.silver_schema],
+            schema=self.silver_schema)
+        return bronze, silver
+
+
+def _typed(values: pa.Array | None, field: pa.Field, n: int) -> pa.Array:
+    if values is None:
+        return pa.nulls(n, field.type)
+    return values if values.type == field.type else values.cast(field.type)
+
+
+def _markers(n: int, first: str | None, last: str | None) -> pa.Array:
+    """``source.snapshot``: "true", with the first/last row markers where given."""
+    if first is None and last is None:
+        return _repeat("true", n, pa.string())
+    values = ["true"] * min(n, 2)
+    if first is not None:
+        values[0] = first
+    if last is not None:
+        values[-1] = last
+    if n <= 2:
+        return pa.array(values, pa.string())
+    head = pa.array(values[:1], pa.string())
+    tail = pa.array(values[-1:], pa.string())
+    return pa.concat_arrays([head, _repeat("true", n - 2, pa.string()), tail])
