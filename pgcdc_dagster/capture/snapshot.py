@@ -185,9 +185,10 @@ def run_snapshot(settings: CaptureSettings, spark: SparkSession, *, force: bool,
     return run.execute(force)
 
 
-def _fingerprint(ctx: TableContext) -> str:
+def _fingerprint(ctx: TableContext, override: str | None) -> str:
+    """What chunks of one plan must share: the schemas they were written with, the SELECT."""
     data = ctx.bronze_schema.serialize().to_pybytes() + ctx.silver_schema.serialize().to_pybytes()
-    return hashlib.sha1(data).hexdigest()[:16]
+    return hashlib.sha1(data + (override or "").encode()).hexdigest()[:16]
 
 
 def _data_file(f: SnapshotFile) -> DataFile:
@@ -329,7 +330,7 @@ class _SnapshotRun:
             per_chunk = max(1, self.settings.snapshot_chunk_bytes // BLOCK_SIZE)
             chunks, kind = plan_chunks(schema, table, size.blocks, per_chunk), "ctid"
         return TablePlan(schema, table, kind, chunks, size.est_rows, name in self.overrides,
-                         _fingerprint(ctx))
+                         _fingerprint(ctx, self.overrides.get(name)))
 
     def _key(self, conn: psycopg2.extensions.connection, name: TableName) -> list[KeyColumn]:
         if name not in self.keys:
@@ -434,9 +435,9 @@ class _SnapshotRun:
             if ctx is None or name in state.committed:
                 continue
             chunks = state.chunks.get(name, {})
-            if plan.fingerprint != _fingerprint(ctx):
-                self.progress(f"{name[0]}.{name[1]}: its columns or handling modes changed "
-                              "since the interrupted run; reading it again")
+            if plan.fingerprint != _fingerprint(ctx, self.overrides.get(name)):
+                self.progress(f"{name[0]}.{name[1]}: its columns, handling modes or SELECT "
+                              "override changed since the interrupted run; reading it again")
                 state.plans[name] = self._plan(conn, name)
                 self.log.add_plans(state.snapshot_id, [state.plans[name]])
                 continue

@@ -465,6 +465,11 @@ def _translate(exc: psycopg2.Error, label: str) -> Exception:
             f"{label}: {message}. The table or column was dropped or renamed after the "
             "snapshot was planned. Remove it from table.include.list (or restore it) and run "
             "the snapshot again; chunks already read are kept.")
+    if isinstance(exc, psycopg2.errors.ReadOnlySqlTransaction):
+        return ConfigurationError(
+            f"{label}: {message}. Snapshot reads run in READ ONLY transactions; a "
+            "snapshot.select.statement.overrides SELECT must not write (no nextval(), no "
+            "functions that modify data).")
     if isinstance(exc, psycopg2.errors.InvalidParameterValue) and "snapshot" in message:
         return SnapshotExpiredError(
             f"{label}: {message}. The exported snapshot is gone (its replication connection "

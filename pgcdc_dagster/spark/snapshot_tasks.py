@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psycopg2
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -188,6 +189,10 @@ def run_chunk(task: ChunkTask) -> ChunkResult:
     except exceptions.PgCdcError as exc:
         return ChunkResult(task.chunk, task.lsn, 0, None, None, time.monotonic() - started,
                            ChunkError(type(exc).__name__, str(exc)))
+    except psycopg2.Error as exc:
+        message = (exc.pgerror or str(exc) or type(exc).__name__).strip()
+        return ChunkResult(task.chunk, task.lsn, 0, None, None, time.monotonic() - started,
+                           ChunkError("PgCdcError", f"{task.chunk}: {message}"))
 
 
 def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:

@@ -1,0 +1,139 @@
+"""Issue 5, bad input and per-table options: snapshot.select.statement.overrides (validated as
+one read-only SELECT), snapshot.include.collection.list, a table that vanishes while it is
+read, and a value the configured handling mode cannot convert (SNAP-25, CFG-40, TYPE-08)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import psycopg2
+import pytest
+
+from pgcdc_dagster.capture.runner import run_bronze, run_silver
+from pgcdc_dagster.capture.snapshot import run_snapshot
+from pgcdc_dagster.cdc.typeconv import TypeModes
+from pgcdc_dagster.exceptions import ConfigurationError, UnsupportedTypeError
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.silver import live_rows
+from pgcdc_dagster.postgres.snapshot_read import TableVanishedError, validate_override
+from tests.integration.test_snapshot import (
+    SCHEMA,
+    bronze_table,
+    check_converged,
+    settings_for,
+    snapshot_keys,
+)
+
+pytestmark = [pytest.mark.integration]
+
+ITEMS_COLUMNS = [("id", 20), ("name", 25), ("price", 1700), ("at", 1184), ("note", 25)]
+
+
+@pytest.mark.parametrize(("select", "why"), [
+    ("DELETE FROM items RETURNING *", "read-only SELECT"),
+    ("SELECT * FROM items; DROP TABLE items", "more than one statement"),
+    ("SELECT * FROM items WHERE note <> ';'; DELETE FROM items", "more than one statement"),
+    ("WITH d AS (DELETE FROM items RETURNING *) SELECT * FROM d", "read-only SELECT"),
+    ("SELECT * FROM items FOR UPDATE", "read-only SELECT"),
+    ("SELECT id, name, price, at FROM items", "missing: note"),
+    ("SELECT id, name, price::text AS price, at, note FROM items", "other types"),
+    ("", "empty"),
+])
+def test_override_must_be_one_read_only_select(select, why, pg_conn) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute(SCHEMA + "; CREATE SEQUENCE s")
+    with pytest.raises(ConfigurationError, match=why) as info:
+        validate_override(pg_conn, "public", "items", select, ITEMS_COLUMNS)
+    assert "snapshot.select.statement.overrides.public.items" in str(info.value)
+    with pg_conn.cursor() as cur:
+        cur.execute("SELECT count(*), last_value FROM items, s GROUP BY last_value")
+        assert cur.fetchone() == (20000, 1), "nothing was modified"
+
+
+def test_override_accepts_a_select(pg_conn) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute(SCHEMA)
+    body = validate_override(pg_conn, "public", "items",
+                             "SELECT *, 1 AS extra FROM items WHERE note <> ';' ;",
+                             ITEMS_COLUMNS)
+    assert body.rstrip().endswith("<> ';'")
+
+
+@pytest.mark.spark
+def test_override_and_include_list_end_to_end(pg_dsn, pg_conn, spark, lakehouse) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute(SCHEMA + "; CREATE SEQUENCE s; "
+                    "CREATE TABLE other (id int PRIMARY KEY, v text); "
+                    "INSERT INTO other SELECT g, 'o' FROM generate_series(1, 100) g")
+    bad = settings_for(pg_dsn, lakehouse,
+                       snapshot_select_overrides=(("public.nope", "SELECT 1"),))
+    with pytest.raises(ConfigurationError, match="not a captured table"):
+        run_bronze(bad, spark, force_snapshot_step=True)
+    # A SELECT that writes passes the cursor check but fails in the READ ONLY reads.
+    writes = settings_for(pg_dsn, lakehouse / "w", slot="w", publication="w",
+                          include=("public\\.other",), snapshot_select_overrides=(
+                              ("public.other", "SELECT nextval('s')::int AS id, v FROM other"),))
+    with pytest.raises(ConfigurationError, match="must not write"):
+        run_snapshot(writes, spark, force=True)
+    settings = settings_for(
+        pg_dsn, lakehouse, snapshot_include=("public\\.(items|pairs)",),
+        snapshot_select_overrides=(("public.items", "SELECT * FROM items WHERE id % 2 = 0"),))
+    run = run_bronze(settings, spark, force_snapshot_step=True)
+    assert run.snapshot is not None and run.snapshot.empty_tables == ["public.other"]
+    keys = snapshot_keys(lakehouse, "items")
+    assert len(keys) == 10000 and all(k[0] % 2 == 0 for k in keys)
+    assert len(snapshot_keys(lakehouse, "pairs")) == 6000
+    with pg_conn.cursor() as cur:
+        cur.execute("UPDATE other SET v = 'changed' WHERE id = 7; UPDATE items SET price = 0 "
+                    "WHERE id = 3")
+    run_bronze(settings, spark, force_snapshot_step=False)
+    run_silver(settings, spark)
+    # other: streamed from the snapshot's point, without its earlier rows.
+    assert live_rows(table_uri(str(lakehouse), "silver", "public", "other"))["id"].to_pylist() \
+        == [7]
+    items = live_rows(table_uri(str(lakehouse), "silver", "public", "items"))["id"].to_pylist()
+    assert len(items) == 10001 and 3 in items
+
+
+@pytest.mark.spark
+def test_table_vanishing_during_the_snapshot(pg_dsn, pg_conn, spark, lakehouse) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute(SCHEMA)
+    settings = settings_for(pg_dsn, lakehouse, snapshot_max_threads=1)
+    dropper = psycopg2.connect(pg_dsn)
+    dropper.autocommit = True
+
+    def drop_pairs(progress) -> None:
+        if progress.chunks_done == 1:
+            with dropper.cursor() as cur:
+                cur.execute("DROP TABLE pairs")
+
+    with pytest.raises(TableVanishedError, match=r"pairs.*does not exist.*include.list"):
+        run_snapshot(settings, spark, force=True, on_progress=drop_pairs)
+    dropper.close()
+    assert bronze_table(lakehouse, "items").version() == 1, "the other table was committed"
+    run_bronze(settings, spark, force_snapshot_step=False)
+    run_silver(settings, spark)
+    check_converged(pg_conn, lakehouse, tables=("items",))
+
+
+@pytest.mark.spark
+def test_unconvertible_value_names_column_and_mode(pg_dsn, pg_conn, spark, lakehouse) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE m (id int PRIMARY KEY, amount numeric); "
+                    "INSERT INTO m SELECT g, g / 7.0 FROM generate_series(1, 5000) g; "
+                    "UPDATE m SET amount = 'NaN' WHERE id = 4321")
+    settings = settings_for(pg_dsn, lakehouse, snapshot_chunk_bytes=32 << 10)
+    with pytest.raises(UnsupportedTypeError, match=r"'amount'.*decimal\.handling\.mode"):
+        run_bronze(settings, spark, force_snapshot_step=True)
+    # The user switches the mode: the open snapshot is finished with the new converters
+    # (chunks written under the old mode are read again, never mixed in).
+    fixed = dataclasses.replace(settings, modes=TypeModes(decimal="string"))
+    run = run_bronze(fixed, spark, force_snapshot_step=False)
+    assert run.snapshot is not None and run.snapshot.performed
+    assert run.snapshot.resumed_chunks == 0
+    run_silver(fixed, spark)
+    rows = live_rows(table_uri(str(lakehouse), "silver", "public", "m"))
+    assert rows.num_rows == 5000
+    assert dict(zip(rows["id"].to_pylist(), rows["amount"].to_pylist(),
+                    strict=True))[4321] == "NaN"
