@@ -100,6 +100,9 @@ class TableChanges:
     after: list[Row | None] = field(default_factory=list)
     truncate_options: list[int] = field(default_factory=list)
     """For 't' rows: pgoutput option bits (1 CASCADE, 2 RESTART IDENTITY); 0 otherwise."""
+    snapshot: str | None = None
+    """Set for segments of snapshot rows (``op = 'r'``) added to a window, e.g. incremental
+    snapshot chunks (``'incremental'``): their ``source.snapshot``. None for stream events."""
 
     def __len__(self) -> int:
         return len(self.op)

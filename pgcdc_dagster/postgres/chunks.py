@@ -1,0 +1,167 @@
+"""Incremental-snapshot chunk queries and watermarks (DBLog; design.md §3 decision 6).
+
+Chunks are read in key order with a row-value comparison (``(k1, k2) > (v1, v2)``, the form
+Debezium adopted in DBZ-5071) up to the key that was greatest when the table's snapshot
+started, ``ORDER BY`` the key, ``LIMIT`` the chunk size. A ``surrogate-key`` orders the
+chunks by that column first, then by the primary key, so the order is total even when the
+surrogate column repeats values. Watermarks are transactional logical decoding messages
+(``pg_logical_emit_message(true, 'pgcdc.watermark', …)``), each in its own transaction: no
+user table is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg2.extensions
+from psycopg2 import sql
+
+from pgcdc_dagster.cdc.changes import Row
+from pgcdc_dagster.cdc.dblog import WATERMARK_PREFIX, Watermark
+from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.postgres.snapshot_read import KeyColumn, read_text_batches
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """What to read from one table, and in which order."""
+
+    schema: str
+    table: str
+    columns: tuple[str, ...]
+    """Captured columns, in the captured relation's order."""
+    order: tuple[KeyColumn, ...]
+    """Ordering key: the surrogate key (if any) then the primary key columns."""
+    condition: str | None = None
+    """A validated ``additional-conditions`` filter (see ``postgres.signals``)."""
+
+
+def order_columns(conn: psycopg2.extensions.connection, schema: str, table: str,
+                  key: Sequence[str], surrogate: str | None = None) -> tuple[KeyColumn, ...]:
+    """The ordering key with each column's ``format_type``; checks a surrogate key."""
+    names = ([surrogate] if surrogate and surrogate not in key else []) + list(key)
+    with conn.cursor() as cur:
+        cur.execute(
+            """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+               FROM pg_attribute a
+               WHERE a.attrelid = format('%%I.%%I', %s::text, %s::text)::regclass
+                 AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY(%s)""",
+            (schema, table, names))
+        found = {name: (typ, notnull) for name, typ, notnull in cur.fetchall()}
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise ConfigurationError(
+                f"surrogate-key {surrogate!r}: no such column in {schema}.{table}"
+                if surrogate in missing else f"{schema}.{table}: key columns {missing} missing")
+        if surrogate and surrogate not in key and not found[surrogate][1]:
+            cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {} IS NULL)").format(
+                sql.Identifier(schema, table), sql.Identifier(surrogate)))
+            row = cur.fetchone()
+            if row and row[0]:
+                raise ConfigurationError(
+                    f"surrogate-key {surrogate!r} of {schema}.{table} holds NULLs; chunks "
+                    "ordered by it would skip those rows. Use a NOT NULL column.")
+    return tuple(KeyColumn(n, found[n][0]) for n in names)
+
+
+def _names(spec: ChunkSpec) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(k.name) for k in spec.order)
+
+
+def _row(values: Sequence[str | None], spec: ChunkSpec) -> sql.Composable:
+    return sql.SQL("ROW({})").format(sql.SQL(", ").join(
+        sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(k.sql_type))
+        for v, k in zip(values, spec.order, strict=True)))
+
+
+def chunk_select(spec: ChunkSpec, after: Sequence[str | None] | None,
+                 upto: Sequence[str | None] | None, limit: int) -> sql.Composed:
+    """``SELECT <columns>, <order key> FROM t WHERE key > after AND key <= upto AND (cond)
+    ORDER BY key LIMIT n``."""
+    conds: list[sql.Composable] = []
+    names = sql.SQL("({})").format(_names(spec)) if len(spec.order) > 1 else \
+        sql.Identifier(spec.order[0].name)
+
+    def value(v: Sequence[str | None]) -> sql.Composable:
+        return _row(v, spec) if len(spec.order) > 1 else \
+            sql.SQL("{}::{}").format(sql.Literal(v[0]), sql.SQL(spec.order[0].sql_type))
+
+    if after is not None:
+        conds.append(sql.SQL("{} > {}").format(names, value(after)))
+    if upto is not None:
+        conds.append(sql.SQL("{} <= {}").format(names, value(upto)))
+    if spec.condition:
+        conds.append(sql.SQL("({})").format(sql.SQL(spec.condition)))
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in (*spec.columns,
+                                                          *(k.name for k in spec.order)))
+    query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(spec.schema, spec.table))
+    if conds:
+        query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(conds))
+    return sql.SQL("{} ORDER BY {} LIMIT {}").format(query, _names(spec), sql.Literal(limit))
+
+
+def max_key(conn: psycopg2.extensions.connection, spec: ChunkSpec) -> list[str | None] | None:
+    """The greatest ordering key now (the snapshot's end; later inserts arrive streamed)."""
+    desc = sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(k.name))
+                              for k in spec.order)
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k.name),
+                                                          sql.Identifier(f"_pgcdc_k{i}"))
+                           for i, k in enumerate(spec.order)),
+        sql.Identifier(spec.schema, spec.table))
+    if spec.condition:
+        query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(spec.condition))
+    query = sql.SQL("{} ORDER BY {} LIMIT 1").format(query, desc)
+    conn.autocommit = False
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION READ ONLY")
+            cur.execute(query)
+            row = cur.fetchone()
+    finally:
+        conn.rollback()
+        conn.autocommit = True
+    return None if row is None else list(row)
+
+
+def read_chunk(dsn: str, spec: ChunkSpec, after: Sequence[str | None] | None,
+               upto: Sequence[str | None] | None, limit: int
+               ) -> tuple[list[Row], list[str | None] | None]:
+    """Read one chunk (a READ ONLY transaction of its own; COPY, values as text).
+
+    Returns the rows (text bytes in ``spec.columns`` order) and the ordering key of the
+    last row (None for an empty chunk).
+    """
+    names = [*spec.columns, *(f"__order_{i}" for i in range(len(spec.order)))]
+    rows: list[Row] = []
+    last: list[str | None] | None = None
+    width = len(spec.columns)
+    for batch in read_text_batches(dsn, None, chunk_select(spec, after, upto, limit), names,
+                                   label=f"incremental snapshot of {spec.schema}.{spec.table}"):
+        cols = [c.to_pylist() for c in batch.columns]
+        for r in zip(*cols, strict=True):
+            rows.append(tuple(None if v is None else v.encode() for v in r[:width]))
+            last = list(r[width:])
+    return rows, last
+
+
+def emit_watermark(conn: psycopg2.extensions.connection, mark: Watermark) -> int:
+    """Write a watermark message in its own transaction; return its LSN."""
+    assert conn.autocommit, "watermarks need their own transaction"
+    with conn.cursor() as cur:
+        cur.execute("SELECT (pg_logical_emit_message(true, %s, %s) - '0/0'::pg_lsn)::bigint",
+                    (WATERMARK_PREFIX, mark.encode()))
+        row = cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def estimated_rows(conn: psycopg2.extensions.connection, schema: str, table: str) -> int:
+    """``pg_class.reltuples`` (0 when never analysed)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class "
+                    "WHERE oid = format('%%I.%%I', %s::text, %s::text)::regclass",
+                    (schema, table))
+        row = cur.fetchone()
+    return int(row[0]) if row else 0
