@@ -175,7 +175,7 @@ def split_key_changes(seg: TableChanges) -> TableChanges:
     ]
     if not changed:
         return seg
-    out = TableChanges(seg.relation)
+    out = TableChanges(seg.relation, snapshot=seg.snapshot)
     lists = ("commit_lsn", "lsn", "xid", "commit_ts_us", "total_order", "collection_order",
              "truncate_options")
     changed_set = set(changed)
@@ -216,6 +216,9 @@ def bronze_from_changes(seg: TableChanges, converters: Sequence[ColumnConverter]
                         tombstones: bool = False) -> pa.Table:
     """Bronze rows for one stream segment (ops c/u/d/t), in the segment's order.
 
+    A segment with ``snapshot`` set holds snapshot rows (``op = r``) placed in the stream by
+    their sequence (incremental-snapshot chunks); ``source.snapshot`` is that marker.
+
     With ``tombstones`` (Debezium ``tombstones.on.delete``) every delete is followed by a
     tombstone row: the same key, ``op``, ``before`` and ``after`` null (STR-70).
     """
@@ -238,7 +241,7 @@ def bronze_from_changes(seg: TableChanges, converters: Sequence[ColumnConverter]
     source = pa.StructArray.from_arrays([
         _const(CONNECTOR_VERSION, n, pa.string()), _const("postgresql", n, pa.string()),
         _const(ident.name, n, pa.string()), _floor_ms(ts_us),
-        _const("false", n, pa.string()), _const(ident.db, n, pa.string()),
+        _const(seg.snapshot or "false", n, pa.string()), _const(ident.db, n, pa.string()),
         _sequence_strings(commit_lsn, change_lsn), ts_us,
         _const(relation.namespace, n, pa.string()), _const(relation.name, n, pa.string()),
         xid, change_lsn, pa.nulls(n, pa.int64()),
