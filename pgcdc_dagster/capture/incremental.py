@@ -96,9 +96,10 @@ def apply_signal(settings: CaptureSettings, signal: Signal, *,
         with connection(settings.dsn) as conn:
             for name in tables:
                 ctx = by_name[name]
+                for pattern, raw in signal.additional_conditions:
+                    if matching_tables([pattern], [name]):  # each filter on its own
+                        validate_condition(conn, name[0], name[1], raw)
                 cond = condition_for(signal, name)
-                if cond is not None:
-                    validate_condition(conn, name[0], name[1], cond)
                 order_columns(conn, name[0], name[1], ctx.relation.key_names,
                               signal.surrogate_key)
                 fresh.append(TableProgress(

@@ -67,7 +67,11 @@ def check_expression(text: str, label: str) -> list[str]:
     if not text.strip():
         raise RejectedCondition(f"{label}: the filter is empty")
     functions: list[str] = []
+    depth = 0
     for i, (kind, tok) in enumerate(toks):
+        depth += {"(": 1, ")": -1}.get(tok, 0) if kind == "other" else 0
+        if depth < 0:
+            raise RejectedCondition(f"{label}: unbalanced parentheses: {text!r}")
         if kind == "semi":
             raise RejectedCondition(f"{label}: ';' is not allowed: a filter is one boolean "
                                     f"expression, not statements: {text!r}")
@@ -82,6 +86,8 @@ def check_expression(text: str, label: str) -> list[str]:
         if kind in ("ident", "qident") and i + 1 < len(toks) and toks[i + 1][1] == "(":
             functions.append(tok[1:-1].replace('""', '"') if kind == "qident"
                              else tok.lower())
+    if depth:
+        raise RejectedCondition(f"{label}: unbalanced parentheses: {text!r}")
     return functions
 
 
