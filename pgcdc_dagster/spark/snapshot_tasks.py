@@ -36,7 +36,7 @@ from pgcdc_dagster.postgres.snapshot_read import Chunk, KeyColumn, chunk_query, 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-ROW_GROUP_BYTES = 24 << 20
+ROW_GROUP_BYTES = 8 << 20
 """Text bytes converted and written as one Parquet row group."""
 
 
