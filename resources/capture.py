@@ -53,6 +53,22 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         default=600.0, description="A micro-batch run stops at a window boundary after this.")
     snapshot_chunk_bytes: int = Field(
         default=64 << 20, description="Heap bytes per parallel snapshot chunk.")
+    snapshot_include_collection_list: str = Field(
+        default="",
+        description="snapshot.include.collection.list: comma-separated schema.table regular "
+        "expressions of the captured tables to snapshot; the others stream from the "
+        "snapshot's point without their existing rows. Empty snapshots every captured table.")
+    snapshot_select_statement_overrides: dict[str, str] = Field(
+        default_factory=dict,
+        description="snapshot.select.statement.overrides: schema.table -> the SELECT that "
+        "reads that table's snapshot (Debezium's snapshot.select.statement.overrides."
+        "<schema>.<table>); one read-only SELECT returning every captured column.")
+    snapshot_fetch_size: int = Field(
+        default=10240, description="snapshot.fetch.size: rows per read (sizes the COPY "
+        "parser's block, which bounds each chunk reader's memory).")
+    snapshot_max_threads: int = Field(
+        default=0, description="snapshot.max.threads: chunks read at once; 0 = Spark's "
+        "default parallelism.")
     column_include_list: str = Field(
         default="",
         description="column.include.list: comma-separated regular expressions of "
@@ -117,6 +133,10 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             window_max_bytes=self.window_max_bytes, max_windows=self.max_windows,
             time_budget_s=self.time_budget_seconds,
             snapshot_chunk_bytes=self.snapshot_chunk_bytes,
+            snapshot_include=split_list(self.snapshot_include_collection_list),
+            snapshot_select_overrides=tuple(self.snapshot_select_statement_overrides.items()),
+            snapshot_fetch_size=self.snapshot_fetch_size,
+            snapshot_max_threads=self.snapshot_max_threads,
             column_options=self.column_options(),
             skipped_operations=self.skipped_operations,
             tombstones_on_delete=self.tombstones_on_delete,
