@@ -14,6 +14,7 @@ the hook, so the windows keep flowing. Progress is durable per chunk
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -55,10 +56,11 @@ from pgcdc_dagster.postgres.signals import validate_condition
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_SIZE = 8192
+WINDOWS_PER_ROUND = 4
+DEFAULT_CHUNK_SIZE = 32768
 """``incremental.snapshot.chunk.size`` default, chosen with ``bench/bench_incremental.py``
-(see docs/incremental.md): Debezium's 1024 spends most of the time on per-chunk round
-trips here."""
+(docs/incremental.md: 100k rows, 1024 → 6k rows/s, 8192 → 38k, 32768 → 69k): Debezium's
+1024 spends most of the time on the per-chunk window round trips here."""
 
 
 # --- signals ---------------------------------------------------------------------------------
@@ -291,7 +293,7 @@ def _resume(p: TableProgress, ctx: TableContext) -> None:
 def run_incremental(settings: CaptureSettings, *,
                     only: Collection[str] | None = None,
                     progress: Callable[[str], None] = log.info,
-                    max_rounds: int = 1000) -> IncrementalReport:
+                    max_rounds: int = 100_000) -> IncrementalReport:
     """Run the requested incremental snapshots (``only``: ``schema.table`` names) to the end,
     streaming every captured table meanwhile; return per-table progress."""
     started = time.monotonic()
@@ -320,7 +322,10 @@ def run_incremental(settings: CaptureSettings, *,
         for _ in range(max_rounds):
             if driver.current is None and driver.awaiting is None:
                 break
-            stream = run_windows(settings, contexts, ident, hook=driver.hook)
+            # A few windows at a time: under constant writes run_windows would stream on
+            # until its time budget after the last chunk.
+            stream = run_windows(dataclasses.replace(settings, max_windows=WINDOWS_PER_ROUND),
+                                 contexts, ident, hook=driver.hook)
             report.stream.append(stream)
             if stream.end is not None:
                 driver.confirm(stream.end)
