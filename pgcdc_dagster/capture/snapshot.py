@@ -82,7 +82,13 @@ from pgcdc_dagster.postgres.snapshot_read import (
     temporary_exported_snapshot,
     validate_override,
 )
-from pgcdc_dagster.spark.snapshot_tasks import ChunkResult, ChunkTask, SnapshotFile, run_chunks
+from pgcdc_dagster.spark.snapshot_tasks import (
+    ChunkResult,
+    ChunkTask,
+    SnapshotFile,
+    run_chunks,
+    warm_workers,
+)
 
 if TYPE_CHECKING:
     import psycopg2.extensions
@@ -277,6 +283,7 @@ class _SnapshotRun:
         if decision.slot_action == "none":
             assert slot is not None and slot.confirmed_flush_lsn is not None
             return self._empty_only(decision, int(slot.confirmed_flush_lsn), report)
+        warm_workers(self.spark)  # overlaps the Python workers' start with slot and plan
         with self._point(decision) as (point, stream_from):
             return self._read(decision, point, stream_from, report)
 
@@ -330,7 +337,8 @@ class _SnapshotRun:
             per_chunk = max(1, self.settings.snapshot_chunk_bytes // BLOCK_SIZE)
             chunks, kind = plan_chunks(schema, table, size.blocks, per_chunk), "ctid"
         return TablePlan(schema, table, kind, chunks, size.est_rows, name in self.overrides,
-                         _fingerprint(ctx, self.overrides.get(name)))
+                         _fingerprint(ctx, self.overrides.get(name)),
+                         key=[k.name for k in key] if kind == "key" else [])
 
     def _key(self, conn: psycopg2.extensions.connection, name: TableName) -> list[KeyColumn]:
         if name not in self.keys:
@@ -435,9 +443,12 @@ class _SnapshotRun:
             if ctx is None or name in state.committed:
                 continue
             chunks = state.chunks.get(name, {})
-            if plan.fingerprint != _fingerprint(ctx, self.overrides.get(name)):
-                self.progress(f"{name[0]}.{name[1]}: its columns, handling modes or SELECT "
-                              "override changed since the interrupted run; reading it again")
+            key = [k.name for k in self._key(conn, name)] if plan.kind == "key" else []
+            if plan.fingerprint != _fingerprint(ctx, self.overrides.get(name)) or \
+                    (plan.key and plan.key != key):
+                self.progress(f"{name[0]}.{name[1]}: its columns, key, handling modes or "
+                              "SELECT override changed since the interrupted run; reading it "
+                              "again")
                 state.plans[name] = self._plan(conn, name)
                 self.log.add_plans(state.snapshot_id, [state.plans[name]])
                 continue

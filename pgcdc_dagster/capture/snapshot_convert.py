@@ -11,7 +11,7 @@ it pays (constant and low-cardinality columns) and statistics only where Delta u
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -36,6 +36,20 @@ def _repeat(value: Any, n: int, typ: pa.DataType) -> pa.Array:
     if value is None:
         return pa.nulls(n, typ)
     return pa.repeat(pa.scalar(value, typ), n)
+
+
+class _Constants:
+    """Repeated constants, built once per converter and sliced (zero-copy) per row group."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, pa.DataType], pa.Array] = {}
+
+    def __call__(self, value: Any, n: int, typ: pa.DataType) -> pa.Array:
+        key = (value, typ)
+        array = self._cache.get(key)
+        if array is None or len(array) < n:
+            array = self._cache[key] = _repeat(value, n, typ)
+        return array if len(array) == n else array.slice(0, n)
 
 
 def _leaves(field: pa.Field, prefix: str = "") -> list[str]:
@@ -73,7 +87,7 @@ class ChunkConverter:
         self._key_type = self.bronze_schema.field("key").type
         self._relaxed = [relaxed(c.bronze_field).type for c in converters]
         self._dictionary: list[str] | None = None
-        self._silver_dictionary: list[str] | None = None
+        self._const = _Constants()
 
     # Parquet options -------------------------------------------------------------------
 
@@ -131,32 +145,29 @@ class ChunkConverter:
                            strict=True))
         key = pa.StructArray.from_arrays([by_name[k] for k in key_names],
                                          fields=list(self._key_type))
-        marker = _markers(n, first_marker, last_marker)
-        ms = self.processed_ms
+        const = self._const
+        marker = _markers(n, first_marker, last_marker, const)
+        ms, lsn, string, int64 = self.processed_ms, self.lsn, pa.string(), pa.int64()
         source = pa.StructArray.from_arrays([
-            _repeat(CONNECTOR_VERSION, n, pa.string()), _repeat("postgresql", n, pa.string()),
-            _repeat(self.ident.name, n, pa.string()), _repeat(ms, n, pa.int64()), marker,
-            _repeat(self.ident.db, n, pa.string()),
-            _repeat(json.dumps([None, str(self.lsn)]), n, pa.string()),
-            _repeat(ms * 1000, n, pa.int64()),
-            _repeat(self.relation.namespace, n, pa.string()),
-            _repeat(self.relation.name, n, pa.string()), pa.nulls(n, pa.int64()),
-            _repeat(self.lsn, n, pa.int64()), pa.nulls(n, pa.int64()),
+            const(CONNECTOR_VERSION, n, string), const("postgresql", n, string),
+            const(self.ident.name, n, string), const(ms, n, int64), marker,
+            const(self.ident.db, n, string), const(json.dumps([None, str(lsn)]), n, string),
+            const(ms * 1000, n, int64), const(self.relation.namespace, n, string),
+            const(self.relation.name, n, string), pa.nulls(n, int64), const(lsn, n, int64),
+            pa.nulls(n, int64),
         ], fields=list(SOURCE_TYPE))
         bronze_values: dict[str, pa.Array] = {
-            "key": key, "after": after, "source": source, "op": _repeat("r", n, pa.string()),
-            "ts_ms": _repeat(ms, n, pa.int64()), "__commit_lsn": _repeat(self.lsn, n, pa.int64()),
-            "__ordinal": _repeat(0, n, pa.int64()),
+            "key": key, "after": after, "source": source, "op": const("r", n, string),
+            "ts_ms": const(ms, n, int64), "__commit_lsn": const(lsn, n, int64),
+            "__ordinal": const(0, n, int64),
         }
         bronze = pa.Table.from_arrays(
             [_typed(bronze_values.get(f.name), f, n) for f in self.bronze_schema],
             schema=self.bronze_schema)
         silver_values: dict[str, pa.Array] = {
-            "__op": _repeat("r", n, pa.string()), "__lsn": _repeat(self.lsn, n, pa.int64()),
-            "__commit_lsn": _repeat(self.lsn, n, pa.int64()),
-            "__ordinal": _repeat(0, n, pa.int64()),
-            "__source_ts_ms": _repeat(ms, n, pa.int64()),
-            "__deleted": _repeat(False, n, pa.bool_()),
+            "__op": const("r", n, string), "__lsn": const(lsn, n, int64),
+            "__commit_lsn": const(lsn, n, int64), "__ordinal": const(0, n, int64),
+            "__source_ts_ms": const(ms, n, int64), "__deleted": const(False, n, pa.bool_()),
         }
         silver_values.update(zip([c.silver_field.name for c in self.converters], silver_cols,
                                  strict=True))
@@ -172,10 +183,12 @@ def _typed(values: pa.Array | None, field: pa.Field, n: int) -> pa.Array:
     return values if values.type == field.type else values.cast(field.type)
 
 
-def _markers(n: int, first: str | None, last: str | None) -> pa.Array:
-    """``source.snapshot``: "true", with the first/last row markers where given."""
+def _markers(n: int, first: str | None, last: str | None,
+             const: Callable[[Any, int, pa.DataType], pa.Array]) -> pa.Array:
+    """``source.snapshot``: "true", with the first/last row markers where given (a single
+    row that is both first and last is marked last)."""
     if first is None and last is None:
-        return _repeat("true", n, pa.string())
+        return const("true", n, pa.string())
     values = ["true"] * min(n, 2)
     if first is not None:
         values[0] = first
@@ -185,4 +198,4 @@ def _markers(n: int, first: str | None, last: str | None) -> pa.Array:
         return pa.array(values, pa.string())
     head = pa.array(values[:1], pa.string())
     tail = pa.array(values[-1:], pa.string())
-    return pa.concat_arrays([head, _repeat("true", n - 2, pa.string()), tail])
+    return pa.concat_arrays([head, const("true", n - 2, pa.string()), tail])

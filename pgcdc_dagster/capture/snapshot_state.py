@@ -75,6 +75,8 @@ class TablePlan:
     """Hash of the bronze and silver schemas the chunks were written with."""
     plan_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """Chunk rows name the plan they belong to; a table planned again starts afresh."""
+    key: list[str] = field(default_factory=list)
+    """The key columns the ranges are over (they must still be the key to resume)."""
 
     @property
     def name(self) -> TableName:
@@ -83,14 +85,15 @@ class TablePlan:
     def payload(self) -> dict[str, Any]:
         return {"kind": self.kind, "chunks": [c.to_json() for c in self.chunks],
                 "est_rows": self.est_rows, "override": self.override,
-                "fingerprint": self.fingerprint, "plan_id": self.plan_id}
+                "fingerprint": self.fingerprint, "plan_id": self.plan_id, "key": self.key}
 
     @classmethod
     def from_payload(cls, schema: str, table: str, data: dict[str, Any]) -> TablePlan:
         return cls(schema, table, str(data["kind"]),
                    [Chunk.from_json(schema, table, c) for c in data["chunks"]],
                    int(data.get("est_rows", -1)), bool(data.get("override", False)),
-                   str(data.get("fingerprint", "")), str(data.get("plan_id", "")))
+                   str(data.get("fingerprint", "")), str(data.get("plan_id", "")),
+                   [str(k) for k in data.get("key", [])])
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -62,8 +62,8 @@ SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
 )
 """``SET LOCAL`` in every snapshot transaction: the text forms the converters parse."""
 
-SAMPLE_PER_CHUNK = 200
-SAMPLE_MAX = 200_000
+SAMPLE_BLOCKS_PER_CHUNK = 50
+SAMPLE_MAX_BLOCKS = 20_000
 
 
 class TableVanishedError(ConfigurationError):
@@ -229,16 +229,16 @@ def plan_key_chunks(conn: psycopg2.extensions.connection, schema: str, table: st
                     key: Sequence[KeyColumn], chunks: int, size: TableSize) -> list[Chunk]:
     """Split the key space into about ``chunks`` ranges that partition it.
 
-    Boundaries are quantiles of a ``TABLESAMPLE SYSTEM`` sample of the keys (a few hundred
-    keys per range, at most ``SAMPLE_MAX``), so skewed or sparse keys still give ranges of
-    similar size. They only balance the work: whatever they are, the ranges cover every key
-    exactly once.
+    Boundaries are quantiles of a ``TABLESAMPLE SYSTEM`` sample of the keys: whole random
+    heap blocks, ``SAMPLE_BLOCKS_PER_CHUNK`` per range (at most ``SAMPLE_MAX_BLOCKS``), so
+    that a table stored in key order still yields spread-out keys, and skewed or sparse keys
+    give ranges of similar size. They only balance the work: whatever they are, the ranges
+    cover every key exactly once.
     """
     if chunks <= 1 or not key:
         return _ranges(schema, table, [])
-    rows = size.est_rows if size.est_rows > 0 else size.blocks * 50
-    wanted = min(max(chunks * SAMPLE_PER_CHUNK, 1000), SAMPLE_MAX)
-    percent = 100.0 if rows <= wanted else 100.0 * wanted / rows
+    wanted = min(max(chunks * SAMPLE_BLOCKS_PER_CHUNK, 200), SAMPLE_MAX_BLOCKS)
+    percent = 100.0 if size.blocks <= wanted else 100.0 * wanted / size.blocks
     # Aliases keep ORDER BY on the key columns themselves (not on their text).
     cols = sql.SQL(", ").join(
         sql.SQL("_t.{}::text AS {}").format(sql.Identifier(k.name), sql.Identifier(f"_k{i}"))
@@ -433,8 +433,16 @@ def _unescape_column(col: pa.Array) -> pa.Array:
     return pc.replace_with_mask(col, flags, pa.array(repl, pa.string()))
 
 
-def _unescape(batch: pa.RecordBatch) -> pa.RecordBatch:
-    cols = [_unescape_column(c) for c in batch.columns]
+PLAIN_TYPES = frozenset({
+    "int2", "int4", "int8", "float4", "float8", "numeric", "bool", "date", "time", "timetz",
+    "timestamp", "timestamptz", "interval", "uuid", "inet", "cidr", "macaddr", "macaddr8",
+    "oid", "pg_lsn"})
+"""Types whose text output never holds a backslash or a control character (no COPY escape)."""
+
+
+def _unescape(batch: pa.RecordBatch, escaped: Collection[int] | None) -> pa.RecordBatch:
+    cols = [_unescape_column(c) if escaped is None or i in escaped else c
+            for i, c in enumerate(batch.columns)]
     return pa.RecordBatch.from_arrays(cols, schema=batch.schema)
 
 
@@ -451,6 +459,7 @@ def _text_reader(source: Any, columns: Sequence[str],
             column_types={n: pa.string() for n in names},
             strings_can_be_null=True,
             null_values=["\\N"],
+            check_utf8=False,  # client_encoding UTF8: the server sends valid UTF-8 only
         ),
     )
 
@@ -488,12 +497,14 @@ def _translate(exc: psycopg2.Error, label: str) -> Exception:
 
 def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable,
                       columns: Sequence[str], *, block_size: int = CSV_BLOCK_BYTES,
-                      label: str = "snapshot read") -> Iterator[pa.RecordBatch]:
+                      label: str = "snapshot read",
+                      escaped: Collection[int] | None = None) -> Iterator[pa.RecordBatch]:
     """Yield batches of the query's rows, every column as text (NULL as null).
 
     With ``snapshot_name`` the query runs in a REPEATABLE READ READ ONLY transaction that
     imports that exported snapshot, so every chunk sees the same consistent state.
-    ``label`` names the work in error messages.
+    ``label`` names the work in error messages; ``escaped`` lists the columns whose values
+    may hold COPY escapes (None = all; see :data:`PLAIN_TYPES`).
 
     Raises:
         TableVanishedError: the table or a column no longer exists.
@@ -531,7 +542,7 @@ def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable
         try:
             reader = _text_reader(source, columns, block_size)
             for batch in reader:
-                yield _unescape(batch)
+                yield _unescape(batch, escaped)
         except pa.ArrowInvalid as exc:
             if "Empty CSV" not in str(exc):
                 cause = failed()

@@ -13,6 +13,7 @@ failures, so the driver re-raises them with their own type and message.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -181,6 +182,14 @@ class _Output:
                 pass
 
 
+def _escaped(converters: Sequence[ColumnConverter]) -> set[int]:
+    """Columns whose text may hold COPY escapes (all but the plain built-in types)."""
+    plain = snapshot_read.PLAIN_TYPES
+    return {i for i, conv in enumerate(converters)
+            if getattr(getattr(conv, "pgtype", None), "name", None) not in plain
+            or getattr(getattr(conv, "pgtype", None), "schema", "pg_catalog") != "pg_catalog"}
+
+
 def run_chunk(task: ChunkTask) -> ChunkResult:
     """Read one chunk and write its bronze and silver Parquet files (runs on a worker)."""
     started = time.monotonic()
@@ -223,7 +232,8 @@ def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
 
     try:
         for batch in read_text_batches(task.dsn, task.snapshot_name, query, columns,
-                                       block_size=task.block_size, label=str(task.chunk)):
+                                       block_size=task.block_size, label=str(task.chunk),
+                                       escaped=_escaped(task.converters)):
             if batch.num_rows == 0:
                 continue
             if pending_bytes + batch.nbytes > task.row_group_bytes and pending:
@@ -238,6 +248,28 @@ def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
         raise
     rows = b_file.num_records if b_file is not None else 0
     return ChunkResult(task.chunk, task.lsn, rows, b_file, s_file, time.monotonic() - started)
+
+
+def _warm(_index: int) -> int:
+    return len(stats_json.__name__)  # this module (and its imports) now loaded in the worker
+
+
+def warm_workers(spark: SparkSession) -> threading.Thread:
+    """Start the Python workers (and import this module in them) in the background.
+
+    A fresh session starts its Python workers on the first task, which costs seconds; doing
+    it while the driver creates the slot and plans the chunks takes that off the snapshot.
+    """
+    sc = spark.sparkContext
+    slots = max(1, int(sc.defaultParallelism))
+
+    def run() -> None:
+        sc.setJobDescription("pgcdc snapshot: start Python workers")
+        sc.parallelize(range(slots), slots).map(_warm).collect()
+
+    thread = threading.Thread(target=run, name="pgcdc-warm", daemon=True)
+    thread.start()
+    return thread
 
 
 def run_chunks(spark: SparkSession, tasks: Sequence[ChunkTask],
