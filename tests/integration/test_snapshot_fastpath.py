@@ -98,5 +98,5 @@ def test_numeric_specials_keep_the_converter_error(pg_dsn, pg_conn, lakehouse) -
     settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse))
     ctx, data = _columns(settings, "t")
     conv = ctx.converters[1]
-    with pytest.raises(UnsupportedTypeError, match="decimal.handling.mode"):
+    with pytest.raises(UnsupportedTypeError, match=r"decimal\.handling\.mode"):
         fast_convert(conv, data.column(1).combine_chunks())

@@ -21,6 +21,7 @@ from tests.integration.test_snapshot import (
     Writer,
     bronze_table,
     check_converged,
+    check_markers_and_envelope,
     settings_for,
     snapshot_keys,
 )
@@ -48,8 +49,11 @@ def test_initial_then_new_table_then_always_replaces_silver(pg_dsn, pg_conn, spa
     settings = settings_for(pg_dsn, lakehouse)
     run = run_bronze(settings, spark, force_snapshot_step=True)
     assert run.snapshot is not None and run.snapshot.slot_action == "create"
+    check_markers_and_envelope(lakehouse, settings, int(run.snapshot.consistent_point))
     run_silver(settings, spark)
     check_converged(pg_conn, lakehouse)
+    again = run_bronze(settings, spark, force_snapshot_step=True)
+    assert again.snapshot is not None and not again.snapshot.performed
 
     # A table added to the capture later is snapshotted at its own exported point (a
     # temporary slot) while the existing slot keeps streaming the others.
