@@ -74,7 +74,7 @@ def main(rows: int) -> None:
                     thread.join()
                 rate = report.tables[0].rows_read / seconds
                 print(f"chunk {size:>6} writes={'on ' if concurrent else 'off'}: "
-                      f"{rate:,.0f} rows/s = {rate / raw:.2f} x raw COPY "
+                      f"{rate:,.0f} rows/s = {rate / raw:.1%} of raw COPY "
                       f"(emitted {report.tables[0].rows_emitted}, superseded "
                       f"{report.tables[0].rows_dropped})")
     finally:
