@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -52,6 +53,7 @@ from pgcdc_dagster.lake.delta import (
     ensure_table,
     open_table,
 )
+from pgcdc_dagster.lake.evolution import SchemaChangeError, conflicts, evolve
 from pgcdc_dagster.lake.paths import is_local
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
@@ -469,6 +471,16 @@ class _SnapshotRun:
         for pos, name in enumerate(tables):
             ctx = self.contexts[name]
             plan = state.plans[name]
+            existing = open_table(ctx.bronze_uri)
+            if existing is not None:  # fail before reading, not at the commit
+                current = pa.schema(existing.schema().to_arrow())
+                bad = list(conflicts(current, ctx.bronze_schema))
+                if bad:
+                    raise SchemaChangeError(
+                        f"bronze {ctx.name}: column type changed ({', '.join(bad)}); bronze "
+                        "(reader v1 / writer v2) cannot change a column's type in place. Move "
+                        "the table's bronze directory aside (or exclude the table), then "
+                        "snapshot it again.")
             ensure_table(ctx.bronze_uri, ctx.bronze_schema)
             ensure_table(ctx.silver_uri, ctx.silver_schema)
             size = sizes[name]
@@ -506,6 +518,9 @@ class _SnapshotRun:
         if committed_version(bronze, snap_app) == snapshot_id:
             b_version = _version_of(bronze, snapshot_id)
         else:
+            # Columns added since the table was created join its schema (older files read
+            # them as null); appending with a schema the log lacks would hide them.
+            schema = evolve(bronze, ctx.bronze_schema, f"bronze {ctx.name}")
             now = int(time.time() * 1000)
             actions: list[AddAction | RemoveAction] = [
                 AddAction(f.path, f.size, {}, now, True, f.stats)
@@ -514,8 +529,7 @@ class _SnapshotRun:
                 app_transactions=[Transaction(ctx.bronze_app_id, lsn),
                                   Transaction(snap_app, snapshot_id)],
                 custom_metadata=meta)
-            bronze.create_write_transaction(actions, "append", ctx.bronze_schema,
-                                            commit_properties=props)
+            bronze.create_write_transaction(actions, "append", schema, commit_properties=props)
             bronze.update_incremental()
             b_version = bronze.version()
             crash_point("snapshot_after_bronze_commit")

@@ -7,12 +7,14 @@ always (a re-snapshot replaces silver: keys deleted meanwhile do not survive as 
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.snapshot import run_snapshot
 from pgcdc_dagster.exceptions import SlotLostError
+from pgcdc_dagster.lake.evolution import SchemaChangeError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import live_rows
 from pgcdc_dagster.postgres.slot import slot_info
@@ -174,3 +176,26 @@ def test_when_needed_after_slot_dropped_and_invalidated(pg_dsn, pg_conn, spark,
     check_converged(pg_conn, lakehouse)
     info = slot_info(pg_conn, "snap")
     assert info is not None and info.wal_status != "lost"
+
+
+def test_resnapshot_after_schema_change(pg_dsn, pg_conn, spark, lakehouse) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE s (id int PRIMARY KEY, a text, b int); "
+                    "INSERT INTO s SELECT g, 'a' || g, g FROM generate_series(1, 500) g")
+    settings = settings_for(pg_dsn, lakehouse, include=("public\\.s",))
+    run_bronze(settings, spark, force_snapshot_step=True)
+    with pg_conn.cursor() as cur:
+        cur.execute("ALTER TABLE s ADD COLUMN c numeric(5,2) DEFAULT 1.5; "
+                    "ALTER TABLE s DROP COLUMN b; UPDATE s SET a = 'x' WHERE id < 10")
+    always = settings_for(pg_dsn, lakehouse, include=("public\\.s",), snapshot_mode="always")
+    report = run_snapshot(always, spark, force=True)
+    assert [t.table for t in report.tables] == ["public.s"]
+    uri = table_uri(str(lakehouse), "silver", "public", "s")
+    assert_silver_equals_source(pg_conn, uri, "public", "s", ["id"])
+    assert "b" not in live_rows(uri).column_names
+    after = pa.schema(bronze_table(lakehouse, "s").schema().to_arrow()).field("after").type
+    assert {after.field(i).name for i in range(after.num_fields)} == {"id", "a", "b", "c"}
+    with pg_conn.cursor() as cur:
+        cur.execute("ALTER TABLE s ALTER COLUMN a TYPE int USING 0")
+    with pytest.raises(SchemaChangeError, match="a \\("):
+        run_snapshot(always, spark, force=True)
