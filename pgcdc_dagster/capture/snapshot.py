@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,13 +27,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.transaction import AddAction, RemoveAction
-
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
-from pgcdc_dagster.capture.snapshot_modes import SnapshotDecision, decide, normalise_mode
+from pgcdc_dagster.capture.snapshot_commit import (
+    TableSnapshotReport,
+    check_bronze_schema,
+    commit_empty,
+    commit_table,
+    remove_uncommitted,
+)
+from pgcdc_dagster.capture.snapshot_modes import (
+    SnapshotDecision,
+    decide,
+    normalise_mode,
+    reusable_chunks,
+)
 from pgcdc_dagster.capture.snapshot_progress import ProgressTracker, SnapshotProgress
 from pgcdc_dagster.capture.snapshot_state import (
     ChunkDone,
@@ -46,14 +55,7 @@ from pgcdc_dagster.capture.tables import TableContext, build_context
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError
-from pgcdc_dagster.lake.delta import (
-    DataFile,
-    commit_files,
-    committed_version,
-    ensure_table,
-    open_table,
-)
-from pgcdc_dagster.lake.evolution import SchemaChangeError, conflicts, evolve
+from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.paths import is_local
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
@@ -84,13 +86,7 @@ from pgcdc_dagster.postgres.snapshot_read import (
     temporary_exported_snapshot,
     validate_override,
 )
-from pgcdc_dagster.spark.snapshot_tasks import (
-    ChunkResult,
-    ChunkTask,
-    SnapshotFile,
-    run_chunks,
-    warm_workers,
-)
+from pgcdc_dagster.spark.snapshot_tasks import ChunkResult, ChunkTask, run_chunks, warm_workers
 
 if TYPE_CHECKING:
     import psycopg2.extensions
@@ -99,21 +95,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 8192
-
-
-@dataclass
-class TableSnapshotReport:
-    """Outcome of the snapshot of one table."""
-
-    table: str
-    rows: int
-    chunks: int
-    bronze_version: int
-    silver_version: int
-    lsn: int = 0
-    """The table's offset: the smallest point its chunks were read at."""
-    resumed_chunks: int = 0
-    """Chunks read by an earlier, interrupted run and kept."""
 
 
 @dataclass
@@ -197,10 +178,6 @@ def _fingerprint(ctx: TableContext, override: str | None) -> str:
     """What chunks of one plan must share: the schemas they were written with, the SELECT."""
     data = ctx.bronze_schema.serialize().to_pybytes() + ctx.silver_schema.serialize().to_pybytes()
     return hashlib.sha1(data + (override or "").encode()).hexdigest()[:16]
-
-
-def _data_file(f: SnapshotFile) -> DataFile:
-    return DataFile(f.path, f.size, f.num_records, f.stats)
 
 
 class _SnapshotRun:
@@ -454,13 +431,7 @@ class _SnapshotRun:
                 state.plans[name] = self._plan(conn, name)
                 self.log.add_plans(state.snapshot_id, [state.plans[name]])
                 continue
-            if plan.kind == "ctid":
-                points = {c.lsn for c in chunks.values()}
-                if len(chunks) == len(plan.chunks) and len(points) == 1 and \
-                        min(points) >= stream_from:
-                    kept[name] = dict(chunks)
-                continue  # CTID ranges are only consistent at one point: read again
-            kept[name] = {i: c for i, c in chunks.items() if c.lsn >= stream_from}
+            kept[name] = reusable_chunks(plan, chunks, stream_from)
         return state, kept
 
     def _tasks(self, state: SnapshotState, tables: Sequence[TableName],
@@ -471,18 +442,10 @@ class _SnapshotRun:
         for pos, name in enumerate(tables):
             ctx = self.contexts[name]
             plan = state.plans[name]
-            existing = open_table(ctx.bronze_uri)
-            if existing is not None:  # fail before reading, not at the commit
-                current = pa.schema(existing.schema().to_arrow())
-                bad = list(conflicts(current, ctx.bronze_schema))
-                if bad:
-                    raise SchemaChangeError(
-                        f"bronze {ctx.name}: column type changed ({', '.join(bad)}); bronze "
-                        "(reader v1 / writer v2) cannot change a column's type in place. Move "
-                        "the table's bronze directory aside (or exclude the table), then "
-                        "snapshot it again.")
-            ensure_table(ctx.bronze_uri, ctx.bronze_schema)
-            ensure_table(ctx.silver_uri, ctx.silver_schema)
+            check_bronze_schema(ctx)  # fail before reading, not at the commit
+            for root in (ctx.bronze_uri, ctx.silver_uri):  # the tables exist from the commit
+                if is_local(root):
+                    os.makedirs(root, exist_ok=True)
             size = sizes[name]
             fetch = block_bytes(self.settings.snapshot_fetch_size, size.row_bytes)
             first = "first" if pos == 0 else "first_in_data_collection"
@@ -505,61 +468,18 @@ class _SnapshotRun:
 
     def _commit(self, state: SnapshotState, name: TableName, done: dict[int, ChunkDone],
                 resumed: int) -> TableSnapshotReport:
-        """Bronze append + silver overwrite of one table, each exactly once."""
-        ctx = self.contexts[name]
-        snapshot_id = state.snapshot_id
-        lsn = min(c.lsn for c in done.values())
-        rows = sum(c.rows for c in done.values())
-        snap_app = f"{self.settings.app_prefix}:snapshot:{ctx.name}"
-        meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(lsn)), "pgcdc.rows": str(rows),
-                "pgcdc.snapshot_id": str(snapshot_id), "pgcdc.snapshot_mode": self.mode,
-                "pgcdc.chunks": str(len(done))}
-        bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
-        if committed_version(bronze, snap_app) == snapshot_id:
-            b_version = _version_of(bronze, snapshot_id)
-        else:
-            # Columns added since the table was created join its schema (older files read
-            # them as null); appending with a schema the log lacks would hide them.
-            schema = evolve(bronze, ctx.bronze_schema, f"bronze {ctx.name}")
-            now = int(time.time() * 1000)
-            actions: list[AddAction | RemoveAction] = [
-                AddAction(f.path, f.size, {}, now, True, f.stats)
-                for c in done.values() if c.bronze is not None for f in [c.bronze]]
-            props = CommitProperties(
-                app_transactions=[Transaction(ctx.bronze_app_id, lsn),
-                                  Transaction(snap_app, snapshot_id)],
-                custom_metadata=meta)
-            bronze.create_write_transaction(actions, "append", schema, commit_properties=props)
-            bronze.update_incremental()
-            b_version = bronze.version()
-            crash_point("snapshot_after_bronze_commit")
-        silver = ensure_table(ctx.silver_uri, ctx.silver_schema)
-        if _version_of(silver, snapshot_id) >= 0:
-            s_version = silver.version()
-        else:
-            files = [_data_file(c.silver) for c in done.values() if c.silver is not None]
-            s_version = commit_files(silver, files, ctx.silver_schema, mode="overwrite",
-                                     app_id=ctx.silver_app_id, version=b_version,
-                                     metadata=meta)
-        self.log.table_done(snapshot_id, name, lsn, rows, b_version, s_version)
-        self.progress(f"{ctx.name}: {rows:,} rows committed (bronze v{b_version}, silver "
-                      f"v{s_version} replaced), offset {Lsn(lsn)}")
-        return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn,
-                                   resumed)
+        report = commit_table(self.contexts[name], done, app_prefix=self.settings.app_prefix,
+                              snapshot_id=state.snapshot_id, mode=self.mode, resumed=resumed)
+        self.log.table_done(state.snapshot_id, name, report.lsn, report.rows,
+                            report.bronze_version, report.silver_version)
+        self.progress(f"{report.table}: {report.rows:,} rows committed (bronze "
+                      f"v{report.bronze_version}, silver v{report.silver_version} replaced), "
+                      f"offset {Lsn(report.lsn)}")
+        return report
 
     def _commit_empty(self, name: TableName, point: int) -> str:
-        """An offset without data: streaming of the table starts at ``point``."""
-        ctx = self.contexts[name]
-        bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
-        ensure_table(ctx.silver_uri, ctx.silver_schema)
-        if committed_version(bronze, ctx.bronze_app_id) is None:
-            meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(point)), "pgcdc.rows": "0",
-                    "pgcdc.snapshot_mode": self.mode, "pgcdc.no_data": "true"}
-            props = CommitProperties(app_transactions=[Transaction(ctx.bronze_app_id, point)],
-                                     custom_metadata=meta)
-            bronze.create_write_transaction([], "append", ctx.bronze_schema,
-                                            commit_properties=props)
-        return ctx.name
+        commit_empty(self.contexts[name], point, self.mode)
+        return self.contexts[name].name
 
     def _empty_only(self, decision: SnapshotDecision, point: int,
                     report: SnapshotReport) -> SnapshotReport:
@@ -574,29 +494,10 @@ class _SnapshotRun:
         """Close an open snapshot that cannot be finished; remove its uncommitted files."""
         self.log.finish(state.snapshot_id, "abandoned", reason)
         for name, chunks in state.chunks.items():
-            ctx = self.contexts.get(name)
-            if ctx is None or name in state.committed:
-                continue
-            for c in chunks.values():
-                for root, f in ((ctx.bronze_uri, c.bronze), (ctx.silver_uri, c.silver)):
-                    if f is not None and is_local(root):
-                        _remove(f"{root}/{f.path}")
+            if name in self.contexts and name not in state.committed:
+                remove_uncommitted(self.contexts[name], chunks)
         self.progress(f"abandoned snapshot {state.snapshot_id}: {reason}")
 
 
-def _version_of(table: DeltaTable, snapshot_id: int, limit: int = 50) -> int:
-    """Version of the table's commit of snapshot ``snapshot_id`` (-1 when not found)."""
-    for entry in table.history(limit):
-        if entry.get("pgcdc.snapshot_id") == str(snapshot_id):
-            return int(entry["version"])
-    return -1
-
-
-def _remove(path: str) -> None:
-    import os
-
-    try:
-        os.remove(path)
-    except OSError:
-        pass
-
+__all__ = ["SnapshotReport", "TableSnapshotReport", "load_contexts", "run_initial_snapshot",
+           "run_snapshot"]

@@ -56,7 +56,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pgcdc_dagster.capture.snapshot_state import SnapshotState, TableName
+from pgcdc_dagster.capture.snapshot_state import ChunkDone, SnapshotState, TableName, TablePlan
 from pgcdc_dagster.exceptions import ConfigurationError, SlotLostError
 from pgcdc_dagster.postgres.slot import SlotInfo
 
@@ -174,6 +174,21 @@ def decide(mode: str, *, force: bool, slot: SlotInfo | None, slot_name: str,
     why = "resuming the interrupted snapshot" if resume is not None else \
         f"tables without a snapshot: {', '.join('.'.join(t) for t in read + empty)}"
     return SnapshotDecision("temporary", read, empty, resume, None, why)
+
+
+def reusable_chunks(plan: TablePlan, chunks: Mapping[int, ChunkDone],
+                    stream_from: int) -> dict[int, ChunkDone]:
+    """The chunks of an interrupted snapshot that the resumed one keeps.
+
+    A key range read at point ``P`` stays valid while the stream still delivers every change
+    after ``P`` (``P >= stream_from``); CTID ranges are only consistent with each other when
+    all of them were read at one point, so a CTID table is kept whole or not at all.
+    """
+    if plan.kind == "ctid":
+        points = {c.lsn for c in chunks.values()}
+        whole = len(chunks) == len(plan.chunks) and len(points) == 1
+        return dict(chunks) if whole and min(points) >= stream_from else {}
+    return {i: c for i, c in chunks.items() if c.lsn >= stream_from}
 
 
 def _lost(slot: str, state: str, mode: str) -> SlotLostError:

@@ -264,8 +264,11 @@ def warm_workers(spark: SparkSession) -> threading.Thread:
     slots = max(1, int(sc.defaultParallelism))
 
     def run() -> None:
-        sc.setJobDescription("pgcdc snapshot: start Python workers")
-        sc.parallelize(range(slots), slots).map(_warm).collect()
+        try:
+            sc.setJobDescription("pgcdc snapshot: start Python workers")
+            sc.parallelize(range(slots), slots).map(_warm).collect()
+        except Exception:  # best effort: the snapshot may already have failed or finished
+            pass
 
     thread = threading.Thread(target=run, name="pgcdc-warm", daemon=True)
     thread.start()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pgcdc_dagster.capture.snapshot_modes import decide, normalise_mode
-from pgcdc_dagster.capture.snapshot_state import SnapshotState
+from pgcdc_dagster.capture.snapshot_modes import decide, normalise_mode, reusable_chunks
+from pgcdc_dagster.capture.snapshot_state import ChunkDone, SnapshotState, TablePlan
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, SlotLostError
 from pgcdc_dagster.postgres.slot import SlotInfo
-from pgcdc_dagster.postgres.snapshot_read import single_statement, unescape_copy_text
+from pgcdc_dagster.postgres.snapshot_read import Chunk, single_statement, unescape_copy_text
 
 pytestmark = pytest.mark.unit
 
@@ -105,3 +105,22 @@ def test_single_statement_rejects(text) -> None:
 def test_copy_text_unescape() -> None:
     assert unescape_copy_text(r"a\tb\nc\\d\re\bf\fg\vh") == "a\tb\nc\\d\re\bf\fg\vh"
     assert unescape_copy_text(r"\\n") == "\\n"
+
+
+def _plan(kind: str, n: int) -> TablePlan:
+    return TablePlan("public", "a", kind, [Chunk("public", "a", i, kind) for i in range(n)], 10)
+
+
+def test_resumed_key_ranges_keep_chunks_the_stream_can_complete() -> None:
+    chunks = {0: ChunkDone(0, 100, 5, None, None), 1: ChunkDone(1, 300, 5, None, None)}
+    assert set(reusable_chunks(_plan("key", 3), chunks, stream_from=100)) == {0, 1}
+    # The slot was advanced past chunk 0's point: the stream cannot complete it any more.
+    assert set(reusable_chunks(_plan("key", 3), chunks, stream_from=200)) == {1}
+
+
+def test_resumed_ctid_ranges_are_kept_whole_or_read_again() -> None:
+    same = {i: ChunkDone(i, 100, 5, None, None) for i in range(2)}
+    assert reusable_chunks(_plan("ctid", 2), same, stream_from=100) == same
+    assert reusable_chunks(_plan("ctid", 3), same, stream_from=100) == {}
+    mixed = {0: ChunkDone(0, 100, 5, None, None), 1: ChunkDone(1, 300, 5, None, None)}
+    assert reusable_chunks(_plan("ctid", 2), mixed, stream_from=100) == {}

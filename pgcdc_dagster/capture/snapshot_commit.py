@@ -1,0 +1,146 @@
+"""Committing a snapshot table through delta-rs: bronze append, silver overwrite, exactly once.
+
+A table's rows enter its Delta tables only when all its chunks are read:
+
+* bronze: one append of every chunk's ``op = r`` file, carrying two app transactions:
+  ``(<prefix>:bronze:<table>, offset)`` (the stream skips changes committed before the
+  offset, the smallest point the chunks were read at) and ``(<prefix>:snapshot:<table>,
+  snapshot id)`` (a resumed run sees the table committed and does not append it twice);
+* silver: one **overwrite** with every chunk's silver file (a re-snapshot replaces silver,
+  never merges over it), whose app transaction is the bronze version it reflects, so the
+  silver catch-up applies only what bronze receives afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction, RemoveAction
+
+from pgcdc_dagster.capture.faults import crash_point
+from pgcdc_dagster.capture.snapshot_state import ChunkDone
+from pgcdc_dagster.capture.tables import TableContext
+from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.lake.delta import (
+    DataFile,
+    commit_files,
+    committed_version,
+    ensure_table,
+    open_table,
+)
+from pgcdc_dagster.lake.evolution import SchemaChangeError, conflicts, evolve
+from pgcdc_dagster.lake.paths import is_local
+
+
+@dataclass
+class TableSnapshotReport:
+    """Outcome of the snapshot of one table."""
+
+    table: str
+    rows: int
+    chunks: int
+    bronze_version: int
+    silver_version: int
+    lsn: int = 0
+    """The table's offset: the smallest point its chunks were read at."""
+    resumed_chunks: int = 0
+    """Chunks read by an earlier, interrupted run and kept."""
+
+
+def snapshot_app_id(app_prefix: str, ctx: TableContext) -> str:
+    return f"{app_prefix}:snapshot:{ctx.name}"
+
+
+def check_bronze_schema(ctx: TableContext) -> None:
+    """Refuse, before reading, a snapshot bronze could not store (a column changed type)."""
+    existing = open_table(ctx.bronze_uri)
+    if existing is None or not existing.file_uris():
+        return  # nothing stored yet: the commit sets the schema
+    bad = list(conflicts(pa.schema(existing.schema().to_arrow()), ctx.bronze_schema))
+    if bad:
+        raise SchemaChangeError(
+            f"bronze {ctx.name}: column type changed ({', '.join(bad)}); bronze (reader v1 / "
+            "writer v2) cannot change a column's type in place. Move the table's bronze "
+            "directory aside (or exclude the table), then snapshot it again.")
+
+
+def commit_table(ctx: TableContext, done: Mapping[int, ChunkDone], *, app_prefix: str,
+                 snapshot_id: int, mode: str, resumed: int = 0) -> TableSnapshotReport:
+    """Bronze append + silver overwrite of one table's chunks, each exactly once."""
+    lsn = min(c.lsn for c in done.values())
+    rows = sum(c.rows for c in done.values())
+    snap_app = snapshot_app_id(app_prefix, ctx)
+    meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(lsn)), "pgcdc.rows": str(rows),
+            "pgcdc.snapshot_id": str(snapshot_id), "pgcdc.snapshot_mode": mode,
+            "pgcdc.chunks": str(len(done))}
+    bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
+    if committed_version(bronze, snap_app) == snapshot_id:
+        b_version = version_of(bronze, snapshot_id)
+    else:
+        # Columns added since the table was created join its schema (older files read them
+        # as null); appending with a schema the log lacks would hide them. A table with no
+        # file yet simply takes the snapshot's schema.
+        empty = not bronze.file_uris()
+        schema = ctx.bronze_schema if empty else evolve(bronze, ctx.bronze_schema,
+                                                        f"bronze {ctx.name}")
+        now = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(c.bronze.path, c.bronze.size, {}, now, True, c.bronze.stats)
+            for c in done.values() if c.bronze is not None]
+        props = CommitProperties(
+            app_transactions=[Transaction(ctx.bronze_app_id, lsn),
+                              Transaction(snap_app, snapshot_id)],
+            custom_metadata=meta)
+        bronze.create_write_transaction(actions, "overwrite" if empty else "append", schema,
+                                        commit_properties=props)
+        bronze.update_incremental()
+        b_version = bronze.version()
+        crash_point("snapshot_after_bronze_commit")
+    silver = ensure_table(ctx.silver_uri, ctx.silver_schema)
+    if version_of(silver, snapshot_id) >= 0:
+        s_version = silver.version()
+    else:
+        files = [DataFile(c.silver.path, c.silver.size, c.silver.num_records, c.silver.stats)
+                 for c in done.values() if c.silver is not None]
+        s_version = commit_files(silver, files, ctx.silver_schema, mode="overwrite",
+                                 app_id=ctx.silver_app_id, version=b_version, metadata=meta)
+    return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn, resumed)
+
+
+def commit_empty(ctx: TableContext, point: int, mode: str) -> None:
+    """An offset without data (no_data, snapshot.include.collection.list): the table streams
+    from ``point``. A table that already has an offset keeps it."""
+    bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
+    ensure_table(ctx.silver_uri, ctx.silver_schema)
+    if committed_version(bronze, ctx.bronze_app_id) is None:
+        meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(point)), "pgcdc.rows": "0",
+                "pgcdc.snapshot_mode": mode, "pgcdc.no_data": "true"}
+        props = CommitProperties(app_transactions=[Transaction(ctx.bronze_app_id, point)],
+                                 custom_metadata=meta)
+        bronze.create_write_transaction([], "append", ctx.bronze_schema,
+                                        commit_properties=props)
+
+
+def version_of(table: DeltaTable, snapshot_id: int, limit: int = 50) -> int:
+    """Version of the table's commit of snapshot ``snapshot_id`` (-1 when not found)."""
+    for entry in table.history(limit):
+        if entry.get("pgcdc.snapshot_id") == str(snapshot_id):
+            return int(entry["version"])
+    return -1
+
+
+def remove_uncommitted(ctx: TableContext, chunks: Mapping[int, ChunkDone]) -> None:
+    """Delete the files of chunks that will never be committed (local lakehouse only;
+    elsewhere they are orphans that ``vacuum`` removes)."""
+    for c in chunks.values():
+        for root, f in ((ctx.bronze_uri, c.bronze), (ctx.silver_uri, c.silver)):
+            if f is not None and is_local(root):
+                try:
+                    os.remove(f"{root}/{f.path}")
+                except OSError:
+                    pass
