@@ -439,7 +439,9 @@ class _SnapshotRun:
                sizes: dict[TableName, TableSize]) -> list[ChunkTask]:
         tasks = []
         now_ms = int(time.time() * 1000)
-        for pos, name in enumerate(tables):
+        order = [n for n in state.tables if n in state.plans]  # markers follow the plan
+        for name in tables:
+            pos = order.index(name)
             ctx = self.contexts[name]
             plan = state.plans[name]
             check_bronze_schema(ctx)  # fail before reading, not at the commit
@@ -449,7 +451,7 @@ class _SnapshotRun:
             size = sizes[name]
             fetch = block_bytes(self.settings.snapshot_fetch_size, size.row_bytes)
             first = "first" if pos == 0 else "first_in_data_collection"
-            last = "last" if pos == len(tables) - 1 else "last_in_data_collection"
+            last = "last" if pos == len(order) - 1 else "last_in_data_collection"
             final = len(plan.chunks) - 1
             for chunk in plan.chunks:
                 if chunk.index in kept.get(name, {}):
