@@ -6,23 +6,25 @@ replication slot, and an *open* snapshot is one the progress table shows as star
 neither finished nor abandoned. The snapshot step runs before every stream step, so a table
 never streams before its snapshot is committed.
 
-=============== ===========================================================================
-mode            when a snapshot is taken (``force`` = the snapshot step was asked for, e.g.
-                by the initial_snapshot job: the Dagster equivalent of a connector start)
-=============== ===========================================================================
-``initial``     for tables without an offset. No slot and no offset at all: the slot is
-                created with an exported snapshot and every table is read at its consistent
-                point. A missing or lost slot while offsets exist fails (the WAL since the
-                offsets is gone): use ``when_needed``.
-``initial_only``as ``initial``, from a temporary slot (nothing pins WAL afterwards), and
-                nothing is streamed.
-``no_data``     never (alias ``never``); a missing slot is created and streaming starts at
-                its creation point; tables without an offset get an empty one there.
-``when_needed`` as ``initial``, and also when the slot is missing, lost or invalidated
-                (``wal_status = lost`` / ``confirmed_flush_lsn`` NULL): then the slot is
-                recreated and every table is snapshotted again (silver replaced).
-``always``      with ``force``: every table, every time; otherwise as ``when_needed``.
-=============== ===========================================================================
+================ ===========================================================================
+mode             when a snapshot is taken (``force`` = the snapshot step was asked for, e.g.
+                 by the initial_snapshot job: the Dagster equivalent of a connector start)
+================ ===========================================================================
+``initial``      for tables without an offset. No slot and no offset at all: the slot is
+                 created with an exported snapshot and every table is read at its consistent
+                 point. A missing or lost slot while offsets exist fails (the WAL since the
+                 offsets is gone): use ``when_needed``.
+``initial_only`` as ``initial``, from a temporary slot (nothing pins WAL afterwards), and
+                 nothing is streamed; an interrupted one is read again whole (without a
+                 stream, chunks read at two points cannot be reconciled).
+``no_data``      never (alias ``never``); a missing slot is created and streaming starts at
+                 its creation point; tables without an offset get an empty one there. A
+                 missing or lost slot while offsets exist fails, as for ``initial``.
+``when_needed``  as ``initial``, and also when the slot is missing, lost or invalidated
+                 (``wal_status = lost`` / ``confirmed_flush_lsn`` NULL): then the slot is
+                 recreated and every table is snapshotted again (silver replaced).
+``always``       with ``force``: every table, every time; otherwise as ``when_needed``.
+================ ===========================================================================
 
 Where does the consistent point come from?
 
