@@ -12,7 +12,6 @@ failures, so the driver re-raises them with their own type and message.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -31,6 +30,7 @@ from pgcdc_dagster.capture.snapshot_convert import ChunkConverter
 from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
+from pgcdc_dagster.lake.delta import stats_json
 from pgcdc_dagster.postgres import snapshot_read
 from pgcdc_dagster.postgres.snapshot_read import Chunk, KeyColumn, chunk_query, read_text_batches
 
@@ -117,31 +117,6 @@ class ChunkResult:
     silver: SnapshotFile | None
     seconds: float
     error: ChunkError | None = None
-
-
-def stats_json(meta: pq.FileMetaData, num_records: int) -> str:
-    """Delta file statistics: record count, and min/max/null counts of flat int/bool columns.
-
-    The same statistics ``lake.delta`` computes for files it describes.
-    """
-    mins: dict[str, object] = {}
-    maxs: dict[str, object] = {}
-    nulls: dict[str, int] = {}
-    schema = meta.schema.to_arrow_schema()
-    flat = {f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_boolean(f.type)}
-    for rg in range(meta.num_row_groups):
-        group = meta.row_group(rg)
-        for ci in range(group.num_columns):
-            col = group.column(ci)
-            name = col.path_in_schema
-            if name not in flat or col.statistics is None or not col.statistics.has_min_max:
-                continue
-            lo, hi = col.statistics.min, col.statistics.max
-            mins[name] = lo if name not in mins else min(mins[name], lo)
-            maxs[name] = hi if name not in maxs else max(maxs[name], hi)
-            nulls[name] = nulls.get(name, 0) + int(col.statistics.null_count or 0)
-    return json.dumps({"numRecords": num_records, "minValues": mins, "maxValues": maxs,
-                       "nullCount": nulls})
 
 
 class _Output:
