@@ -18,8 +18,9 @@ import pyarrow.compute as pc
 from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Relation, Row, TableChanges
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 
-CONNECTOR_VERSION = "2.7.0.pgcdc"
-"""Reported in ``source.version``: the Debezium event format this project follows."""
+CONNECTOR_VERSION = "2.3.4.pgcdc"
+"""Reported in ``source.version``: the Debezium release whose PostgreSQL event structure the
+seeds describe (seed 000 §7.3: ``"version": "2.3.4.Final"``), marked as this project's."""
 
 SOURCE_TYPE = pa.struct([
     pa.field("version", pa.string(), nullable=False),
