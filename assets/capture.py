@@ -21,10 +21,14 @@ import dagster as dg
 import pyarrow as pa
 from pydantic import Field
 
+from assets.partitions import ensure_partitions
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, select_contexts
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
+from pgcdc_dagster.capture.snapshot import SnapshotReport
+from pgcdc_dagster.capture.stream import StreamReport
 from pgcdc_dagster.capture.tables import TableContext
+from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.lake.silver import META_NAMES
 from pgcdc_dagster.ops.delta_stats import TableStats, growth, live_row_count, table_stats
 from pgcdc_dagster.ops.lsn_windows import bronze_commits
@@ -75,6 +79,19 @@ def silver_key(schema: str, table: str) -> dg.AssetKey:
 
 SLOT_KEY = dg.AssetKey(["source", "replication_slot"])
 """The logical replication slot (and its publication) as an external asset."""
+
+META_TABLES = {
+    "messages": "Logical decoding messages (pg_logical_emit_message) of the captured database, "
+                "op m, in Debezium's message envelope (prefix, content); the project's own "
+                "watermarks and heartbeats are left out.",
+    "transactions": "Transaction metadata (provide.transaction.metadata): one BEGIN and one END "
+                    "record per captured transaction, with its event counts per table.",
+}
+"""The capture-wide bronze tables under ``<lakehouse>/bronze/_pgcdc``."""
+
+
+def meta_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["bronze", "_pgcdc", name])
 
 
 def _tags(layer: str, schema: str, table: str) -> dict[str, str]:
@@ -158,6 +175,36 @@ def _slot_meta(health: SlotHealth | None) -> dict[str, Any]:
             "wal_status": str(health.wal_status)}
 
 
+NEW_CHAIN_SLOT_ACTIONS = ("create", "recreate", "create_plain")
+"""Snapshots that created the slot: the LSN-window chain starts again at their point. A
+snapshot read through a temporary slot (tables added later, ``always``) leaves the slot where
+it was, so its point is recorded as ``snapshot_point`` only, never as ``snapshot_lsn``."""
+
+
+def _snapshot_metadata(snap: SnapshotReport, name: str) -> dict[str, Any]:
+    """The snapshot part of a bronze table's metadata."""
+    point = str(snap.consistent_point)
+    meta: dict[str, Any] = {"snapshot_mode": snap.mode, "slot_action": snap.slot_action,
+                            "snapshot_point": point,
+                            "snapshot_chunks_read": snap.chunks_read,
+                            "snapshot_resumed_chunks_total": snap.resumed_chunks}
+    if snap.slot_action in NEW_CHAIN_SLOT_ACTIONS:
+        meta["snapshot_lsn"] = point
+    for t in snap.tables:
+        if t.table == name:
+            meta.update({"snapshot_rows": t.rows, "snapshot_chunks": t.chunks,
+                         "snapshot_resumed_chunks": t.resumed_chunks,
+                         "snapshot_table_lsn": str(Lsn(t.lsn))})
+    if name in snap.empty_tables:
+        meta["snapshot_rows"] = 0
+        meta["snapshot_without_data"] = True
+    if snap.last_progress is not None:
+        meta.update(snap.last_progress.metadata())
+        meta["snapshot_progress"] = (f"{snap.last_progress.chunks_done}/"
+                                     f"{snap.last_progress.chunks_total} chunks")
+    return meta
+
+
 def _bronze_metadata(run: BronzeRun, ctx: TableContext, before: TableStats, seconds: float,
                      health: SlotHealth | None) -> dict[str, Any]:
     name = ctx.name
@@ -166,12 +213,8 @@ def _bronze_metadata(run: BronzeRun, ctx: TableContext, before: TableStats, seco
     events = dict.fromkeys("rcudt", 0)
     if run.snapshot is not None and run.snapshot.performed:
         kinds.append("snapshot")
-        for t in run.snapshot.tables:
-            if t.table == name:
-                meta["snapshot_rows"] = t.rows
-                meta["snapshot_chunks"] = t.chunks
-                events["r"] = t.rows
-        meta["snapshot_lsn"] = str(run.snapshot.consistent_point)
+        meta.update(_snapshot_metadata(run.snapshot, name))
+        events["r"] = int(meta.get("snapshot_rows", 0))
     if run.stream is not None:
         kinds.append("stream")
         for op, n in run.stream.events_by_table().get(name, {}).items():
@@ -203,6 +246,27 @@ def _bronze_metadata(run: BronzeRun, ctx: TableContext, before: TableStats, seco
         "dagster/uri": ctx.bronze_uri,
         "table_uri": dg.MetadataValue.path(ctx.bronze_uri),
     })
+    if after.version is not None:
+        meta["delta_version"] = after.version
+    return meta
+
+
+def meta_table_metadata(stream: StreamReport | None, name: str, uri: str,
+                        before: TableStats, seconds: float) -> dict[str, Any]:
+    """Metadata of ``bronze/_pgcdc/<name>`` after a run."""
+    counts = stream.events_by_table().get(f"_pgcdc.{name}", {}) if stream is not None else {}
+    events = sum(counts.values())
+    after = table_stats(uri)
+    added = growth(before, after, uri)
+    meta: dict[str, Any] = {"capture_kind": "stream" if stream is not None else "none",
+                            "events": events, "rows_written": added.rows,
+                            "bytes_written": added.bytes, "files_written": added.files,
+                            "duration_s": round(seconds, 3), "rows_per_s": _rate(events, seconds),
+                            "dagster/row_count": after.rows, "table_bytes": after.bytes,
+                            "dagster/uri": uri}
+    if stream is not None and stream.start is not None:
+        meta.update({"lsn_start": str(stream.start), "lsn_end": str(stream.end),
+                     "slot_lag_bytes": stream.slot_lag_bytes})
     if after.version is not None:
         meta["delta_version"] = after.version
     return meta
@@ -262,6 +326,14 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
             f"{s}/{t}, written exactly once per slot window.")
         for s, t in tables
     ]
+    bronze_specs += [
+        dg.AssetSpec(meta_key(name), group_name="bronze", deps=[SLOT_KEY],
+                     kinds={"postgres", "delta"}, owners=list(owners),
+                     tags={"pgcdc/layer": "bronze"},
+                     description=f"{text} Append-only Delta at <lakehouse>/bronze/_pgcdc/{name}, "
+                     "written with the windows of the bronze tables (exactly once).")
+        for name, text in META_TABLES.items()
+    ]
     silver_specs = [
         dg.AssetSpec(
             silver_key(s, t), group_name="silver", deps=[bronze_key(s, t)],
@@ -278,7 +350,10 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
                capture: CaptureResource,
                spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
         settings = capture.settings(postgres.dsn, lakehouse.root)
+        ensure_partitions(context.instance, tables)  # incremental-snapshot backfills
         before = {(s, t): table_stats(lakehouse.table("bronze", s, t)) for s, t in tables}
+        meta_before = {n: table_stats(lakehouse.table("bronze", "_pgcdc", n))
+                       for n in META_TABLES}
         started = time.monotonic()
         run = run_bronze(settings, spark.get_session(), force_snapshot_step=config.snapshot_step,
                          only=set(tables), progress=context.log.info)
@@ -295,6 +370,10 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
             yield dg.MaterializeResult(
                 asset_key=bronze_key(s, t),
                 metadata=_bronze_metadata(run, ctx, before[(s, t)], seconds, health))
+        for name in META_TABLES:
+            uri = lakehouse.table("bronze", "_pgcdc", name)
+            yield dg.MaterializeResult(asset_key=meta_key(name), metadata=meta_table_metadata(
+                run.stream, name, uri, meta_before[name], seconds))
 
     @dg.multi_asset(specs=silver_specs, name="silver", can_subset=True)
     def silver(context: dg.AssetExecutionContext, postgres: PostgresResource,

@@ -21,6 +21,7 @@ INITIAL_SNAPSHOT = "initial_snapshot"
 MICROBATCH = "cdc_microbatch"
 CAPTURE_CHECKS = "capture_checks"
 TEARDOWN = "teardown"
+INCREMENTAL = "incremental_snapshot"
 
 IN_FLIGHT = (
     dg.DagsterRunStatus.QUEUED,
@@ -71,7 +72,7 @@ def build_jobs(tables: Sequence[tuple[str, str]]) -> CaptureJobs:
     return CaptureJobs(initial_snapshot, microbatch, checks)
 
 
-CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT)
+CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL)
 """The jobs that read the slot: while one is queued or running, another would only wait."""
 
 

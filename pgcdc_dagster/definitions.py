@@ -14,10 +14,12 @@ import dagster as dg
 
 from assets import CAPTURE_POOL, build_capture_assets, source_specs
 from assets.checks import build_asset_checks
+from assets.incremental import build_incremental
 from assets.jobs import build_jobs
 from assets.operations import teardown_job
 from assets.schedules import build_schedules
 from assets.sensors import build_sensors
+from assets.signals import build_signal_sensor, signal_job
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.postgres.connection import connection
@@ -32,6 +34,10 @@ _CAPTURE_ENV = {
     "publication": "PGCDC_PUBLICATION",
     "topic_prefix": "PGCDC_TOPIC_PREFIX",
     "snapshot_mode": "PGCDC_SNAPSHOT_MODE",
+    "signal_data_collection": "PGCDC_SIGNAL_DATA_COLLECTION",
+}
+_CAPTURE_INT_ENV = {
+    "incremental_snapshot_chunk_size": "PGCDC_INCREMENTAL_CHUNK_SIZE",
 }
 
 
@@ -44,6 +50,8 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:  # type: ignore[t
     capture_kwargs: dict[str, object] = {
         field: dg.EnvVar(env) for field, env in _CAPTURE_ENV.items() if os.environ.get(env)
     }
+    capture_kwargs.update({field: dg.EnvVar.int(env) for field, env in _CAPTURE_INT_ENV.items()
+                           if os.environ.get(env)})
     return {
         "postgres": PostgresResource(dsn=dg.EnvVar("PGCDC_PG_DSN")),
         "lakehouse": LakehouseResource(root=_env_or("PGCDC_LAKEHOUSE", DEFAULT_LAKEHOUSE)),
@@ -70,13 +78,15 @@ def build_definitions(tables: Sequence[tuple[str, str]],
     """
     settings = settings if settings is not None else MonitorSettings.from_env(os.environ)
     jobs = build_jobs(tables)
+    incremental, incremental_job = build_incremental(tables, settings.owners)
     return dg.Definitions(
         assets=[*source_specs(tables, settings.owners),
-                *build_capture_assets(tables, settings.owners)],
+                *build_capture_assets(tables, settings.owners), incremental],
         asset_checks=build_asset_checks(tables, settings),
-        jobs=[*jobs.all(), teardown_job],
+        jobs=[*jobs.all(), incremental_job, signal_job, teardown_job],
         schedules=build_schedules(jobs, settings),
-        sensors=build_sensors(tables, jobs, settings),
+        sensors=[*build_sensors(tables, jobs, settings),
+                 build_signal_sensor(tables, incremental_job)],
         resources=dict(resources) if resources is not None else default_resources(),
     )
 

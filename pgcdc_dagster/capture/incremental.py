@@ -25,7 +25,7 @@ import psycopg2.extensions
 
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.incremental_state import ProgressStore, TableProgress
-from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.capture.settings import DEFAULT_INCREMENTAL_CHUNK_SIZE, CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_contexts
 from pgcdc_dagster.capture.stream import StreamReport, run_windows
 from pgcdc_dagster.capture.tables import TableContext
@@ -57,7 +57,7 @@ from pgcdc_dagster.postgres.signals import validate_condition
 log = logging.getLogger(__name__)
 
 WINDOWS_PER_ROUND = 4
-DEFAULT_CHUNK_SIZE = 32768
+DEFAULT_CHUNK_SIZE = DEFAULT_INCREMENTAL_CHUNK_SIZE
 """``incremental.snapshot.chunk.size`` default, chosen with ``bench/bench_incremental.py``
 (docs/incremental.md: 100k rows, 1024 → 6k rows/s, 8192 → 38k, 32768 → 69k): Debezium's
 1024 spends most of the time on the per-chunk window round trips here."""
@@ -73,7 +73,7 @@ class SignalOutcome:
 
 
 def apply_signal(settings: CaptureSettings, signal: Signal, *,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 chunk_size: int | None = None,
                  contexts: Sequence[TableContext] | None = None) -> SignalOutcome:
     """Record what a signal asks for in the progress store (runs then act on it).
 
@@ -81,9 +81,12 @@ def apply_signal(settings: CaptureSettings, signal: Signal, *,
     ``stop-snapshot`` stops the matching (or all) running ones; ``pause-snapshot`` and
     ``resume-snapshot`` pause and resume every running one.
 
+    ``chunk_size`` defaults to ``settings.incremental_chunk_size``.
+
     Raises:
         ConfigurationError: a refused ``additional-conditions`` or ``surrogate-key``.
     """
+    chunk_size = chunk_size or settings.incremental_chunk_size
     store = ProgressStore(settings.lakehouse, settings.slot)
     if signal.type == "log":
         log.info("signal %s: %s", signal.id, signal.message)

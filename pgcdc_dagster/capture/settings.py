@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from pgcdc_dagster.cdc.typeconv import TypeModes
 
+DEFAULT_INCREMENTAL_CHUNK_SIZE = 32768
+"""``incremental.snapshot.chunk.size`` default, measured (docs/incremental.md)."""
+
 
 @dataclass(frozen=True, slots=True)
 class CaptureSettings:
@@ -37,6 +40,13 @@ class CaptureSettings:
     window_max_changes: int = 500_000
     """``upto_nchanges`` of a window (0: no cap). PostgreSQL checks it between records, so a
     window ends at its last whole transaction when the cap is reached."""
+    window_portion_changes: int = 100_000
+    """Changes of one window handed to the bronze writer at a time while the window is still
+    being read, so that a huge transaction is converted and written in bounded portions
+    (0: the whole window at once)."""
+    silver_spark_threshold_rows: int = 2_000_000
+    """Bronze rows of a silver batch above which Spark prepares it; smaller batches are
+    prepared in Arrow on the driver, where Spark's fixed cost per job would dominate."""
     max_windows: int = 1000
     """Windows one micro-batch run may read before it returns."""
     time_budget_s: float = 600.0
@@ -74,6 +84,11 @@ class CaptureSettings:
     ``column.exclude.list``, ``column.mask.with.<N>.chars``, ``column.truncate.to.<N>.chars``,
     ``column.mask.hash[.v2].<algorithm>.with.salt.<salt>``, ``column.propagate.source.type``
     and ``message.key.columns`` (CFG-36..38, CFG-46..48)."""
+
+    incremental_chunk_size: int = DEFAULT_INCREMENTAL_CHUNK_SIZE
+    """``incremental.snapshot.chunk.size``: rows per incremental-snapshot chunk."""
+    signal_data_collection: str = ""
+    """``signal.data.collection``: the signalling table ``schema.table`` (empty: none)."""
 
     @property
     def app_prefix(self) -> str:

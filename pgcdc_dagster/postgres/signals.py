@@ -147,10 +147,13 @@ def parse_table_name(name: str) -> tuple[str, str]:
 
 
 def read_signals(conn: psycopg2.extensions.connection, collection: str) -> list[SignalRow]:
-    """Every row of the signalling table (its first three columns: id, type, data)."""
+    """Every row of the signalling table (its first three columns: id, type, data), oldest
+    writing transaction first (``age(xmin)``; rows of one transaction in physical order), so
+    a pause written after an execute-snapshot is applied after it."""
     schema, table = parse_table_name(collection)
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(schema, table)))
+        cur.execute(sql.SQL("SELECT * FROM {} ORDER BY age(xmin) DESC, ctid").format(
+            sql.Identifier(schema, table)))
         rows = cur.fetchall()
     return [SignalRow(str(r[0]), str(r[1]), None if r[2] is None else str(r[2])) for r in rows]
 
