@@ -146,6 +146,10 @@ class Window:
     change_count: int = 0
     last_commit_end_lsn: int = 0
     """End LSN of the last commit seen (0 when no transaction committed)."""
+    slot_rows: int = 0
+    """Rows the slot peek returned (every pgoutput message: BEGIN, COMMIT, RELATION...), which
+    is what ``upto_nchanges`` counts; 0 when not read from a peek. Unlike ``segments()``, it
+    does not shrink when segments were handed out in portions."""
 
     def segments(self) -> list[TableChanges]:
         return [seg for segs in self.tables.values() for seg in segs]

@@ -14,7 +14,7 @@ an explicit ``upto_lsn`` (an unbounded peek pins WAL and re-decodes from ``resta
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from psycopg2 import sql
@@ -25,6 +25,7 @@ from pgcdc_dagster.cdc.pgoutput.assembler import DEFAULT_SPILL_BYTES, Assembler
 from pgcdc_dagster.cdc.pgoutput.options import PgOutputOptions, StreamingMode, choose_options
 from pgcdc_dagster.cdc.pgoutput.pending import PendingTxn
 from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.postgres.snapshot_read import set_session
 
 _PEEK = sql.SQL(
     "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes("
@@ -68,6 +69,8 @@ def peek_window(
     spill_limit_bytes: int = DEFAULT_SPILL_BYTES,
     spill_dir: str | None = None,
     prepared: dict[str, PendingTxn] | None = None,
+    portion_changes: int | None = None,
+    on_portion: Callable[[Window], None] | None = None,
 ) -> Window:
     """Decode the slot's committed changes up to ``upto_lsn`` into a Window, without consuming.
 
@@ -93,13 +96,29 @@ def peek_window(
             transactions before they go to a temporary file.
         spill_dir: directory for those temporary files.
         prepared: prepared transactions carried over from the previous window; updated.
+        portion_changes: bounded memory for huge transactions: as soon as this many rows
+            have been written into the window (while the COPY still streams, inside a
+            transaction if need be), they go to ``on_portion`` and are dropped here. Every
+            portion holds exactly ``portion_changes`` rows; ``total_order`` and
+            ``collection_order`` continue across portions as without them.
+        on_portion: receives each portion: a Window with ``tables`` only (no messages,
+            transactions or counts, which stay in the returned Window). Only rows of
+            transactions committed in this window are ever written, hence handed out (an
+            ordinary transaction is sent by pgoutput only once committed; streamed and
+            prepared ones are buffered and written only at their Stream Commit / Commit
+            Prepared). Portions are provisional until ``peek_window`` returns: if it
+            raises, the caller must discard the portions it received (not commit them).
+            It runs with the cyclic GC enabled as the caller had it.
 
     Returns:
-        The committed changes of the window.
+        The committed changes of the window, with ``slot_rows`` set: with portions, the
+        segments not yet handed out plus the whole window's metadata (``transactions``,
+        ``messages``, ``change_count``, ``last_commit_end_lsn``).
 
     Raises:
         ConfigurationError: missing ``upto_lsn`` or options the server cannot serve.
         DecodeError: the stream could not be decoded.
+        ValueError: ``portion_changes`` without ``on_portion`` or the reverse, or < 1.
     """
     names = (publication,) if isinstance(publication, str) else tuple(publication)
     mode: StreamingMode = "on" if streaming is True else "off" if streaming is False else \
@@ -110,14 +129,26 @@ def peek_window(
     else:
         options = PgOutputOptions(names, proto_version, messages, mode, two_phase, binary)
     query = build_peek_query(slot, upto_lsn, options, upto_nchanges)
-    assembler = Assembler(skip_below=skip_below, spill_limit_bytes=spill_limit_bytes,
-                          spill_dir=spill_dir, prepared=prepared)
-    sink = assembler.copy_sink()
     gc_was_enabled = gc.isenabled()
+    portion_hook = on_portion
+    if on_portion is not None and gc_was_enabled:
+        def portion_hook(portion: Window) -> None:
+            gc.enable()  # the consumer's own garbage must not pile up
+            try:
+                on_portion(portion)
+            finally:
+                gc.disable()
+
+    assembler = Assembler(skip_below=skip_below, spill_limit_bytes=spill_limit_bytes,
+                          spill_dir=spill_dir, prepared=prepared,
+                          portion_changes=portion_changes, on_portion=portion_hook)
+    sink = assembler.copy_sink()
     # A window allocates millions of small tuples; cyclic GC passes over them cost ~25 %.
     gc.disable()
     try:
         with conn.cursor() as cur:
+            # The text output of dates, intervals, floats... must match the snapshot's.
+            set_session(cur, local=False)
             if decoding_work_mem is None:
                 cur.copy_expert(query, sink)
             else:
@@ -130,4 +161,6 @@ def peek_window(
         if gc_was_enabled:
             gc.enable()
     sink.close()
-    return assembler.finish()
+    window = assembler.finish()
+    window.slot_rows = sink.row_count
+    return window

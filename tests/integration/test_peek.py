@@ -225,3 +225,35 @@ def test_decode_error_drains_the_copy_and_leaves_the_connection_usable(
     cur.execute("SELECT 1")
     assert cur.fetchone() == (1,)
     assert len(_ids(peek_window(pg_conn, "s", "pub", upto))) == 501
+
+
+def test_peek_text_values_do_not_depend_on_the_session_settings(pg_conn, pg_dsn) -> None:
+    """The peek pins the snapshot's output settings (snapshot_read.SESSION_SETTINGS), so a
+    connection with another DateStyle, IntervalStyle, TimeZone or extra_float_digits decodes
+    the same text values as the snapshot reads them."""
+    cur = pg_conn.cursor()
+    cur.execute("SET synchronous_commit = on")
+    cur.execute("CREATE TABLE d (id int PRIMARY KEY, day date, at timestamptz, span interval, "
+                "f float8)")
+    cur.execute("CREATE PUBLICATION pub FOR TABLE d")
+    cur.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+    cur.execute("INSERT INTO d VALUES (1, '2024-01-02', '2024-01-02 03:04:05.5+00', "
+                "'1 day 02:03:04', 0.1)")
+    upto = _lsn(cur)
+    odd = psycopg2.connect(pg_dsn)
+    try:
+        odd.autocommit = True
+        ocur = odd.cursor()
+        ocur.execute("SET DateStyle = 'SQL, DMY'")
+        ocur.execute("SET IntervalStyle = 'iso_8601'")
+        ocur.execute("SET TimeZone = 'Asia/Kolkata'")
+        ocur.execute("SET extra_float_digits = 0")
+        ocur.execute("SELECT day::text, at::text FROM d")
+        assert ocur.fetchone() == ("02/01/2024", "02/01/2024 08:34:05.5 IST")  # really odd
+        (seg,) = peek_window(odd, "s", "pub", upto).tables[("public", "d")]
+    finally:
+        odd.close()
+    assert seg.after == [(b"1", b"2024-01-02", b"2024-01-02 03:04:05.5+00", b"1 day 02:03:04",
+                          b"0.1")]
+    (same,) = peek_window(pg_conn, "s", "pub", upto).tables[("public", "d")]
+    assert same.after == seg.after

@@ -21,6 +21,7 @@ import pytest
 from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Column, Row, Value, Window
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.postgres.peek import peek_window
+from tests.support.portions import columns, merge_portions
 
 pytestmark = pytest.mark.integration
 
@@ -305,6 +306,20 @@ def test_pgoutput_matches_test_decoding(pg_conn, seed: int) -> None:
                            spill_limit_bytes=64 * 1024)
     two_phase = peek_window(pg_conn, "po2", pubs, upto, streaming=True, two_phase=True,
                             decoding_work_mem="64kB")
+    # In small portions (issue 6 item 5), cut anywhere inside transactions: joined, the same.
+    portions: dict[str, list[Window]] = {"plain": [], "streamed": [], "two_phase": []}
+    plain_cut = peek_window(pg_conn, "po", pubs, upto, portion_changes=7,
+                            on_portion=portions["plain"].append)
+    streamed_cut = peek_window(pg_conn, "po", pubs, upto, streaming=True,
+                               decoding_work_mem="64kB", spill_limit_bytes=64 * 1024,
+                               portion_changes=13, on_portion=portions["streamed"].append)
+    two_phase_cut = peek_window(pg_conn, "po2", pubs, upto, streaming=True, two_phase=True,
+                                decoding_work_mem="64kB", portion_changes=5,
+                                on_portion=portions["two_phase"].append)
+    for name, whole, cut in (("plain", plain, plain_cut), ("streamed", streamed, streamed_cut),
+                             ("two_phase", two_phase, two_phase_cut)):
+        assert len(portions[name]) > 20, name
+        assert columns(merge_portions(portions[name], cut)) == columns(whole), name
     ops = {e[1] for x, events in expected if x != "message" for e in events}  # type: ignore[union-attr]
     assert {"c", "u", "d", "t"} <= ops and len(expected) > 100
     flat = repr(expected)

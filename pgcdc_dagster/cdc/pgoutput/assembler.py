@@ -52,6 +52,8 @@ class Assembler:
         spill_limit_bytes: int = DEFAULT_SPILL_BYTES,
         spill_dir: str | None = None,
         prepared: dict[str, PendingTxn] | None = None,
+        portion_changes: int | None = None,
+        on_portion: Callable[[Window], None] | None = None,
     ) -> None:
         """Create an assembler for one window.
 
@@ -63,8 +65,21 @@ class Assembler:
             spill_dir: directory for spill files (default: the system temp dir).
             prepared: prepared transactions left open by the previous window (its
                 :attr:`prepared`); updated in place.
+            portion_changes: with ``on_portion``, hand out the window's rows in portions of
+                this many (see :meth:`WindowWriter.set_portions
+                <pgcdc_dagster.cdc.pgoutput.writer.WindowWriter.set_portions>`); only
+                committed transactions' rows are written, so only those go out.
+            on_portion: receives each portion (a Window with ``tables`` only).
+
+        Raises:
+            ValueError: only one of ``portion_changes`` and ``on_portion`` given, or
+                ``portion_changes`` < 1.
         """
         self._writer = SlotRowWriter()
+        if (portion_changes is None) != (on_portion is None):
+            raise ValueError("portion_changes and on_portion go together")
+        if portion_changes is not None and on_portion is not None:
+            self._writer.set_portions(portion_changes, on_portion)
         self._skip_below = skip_below
         self._budget = SpillBudget(spill_limit_bytes, spill_dir)
         self._state = _IDLE
@@ -263,6 +278,11 @@ class Assembler:
     def copy_sink(self) -> CopySink:
         """A ``copy_expert`` target that feeds this assembler from a slot-peek COPY."""
         return CopySink(self._writer, self.feed)
+
+    @property
+    def portions(self) -> int:
+        """Portions handed to ``on_portion`` so far."""
+        return self._writer.portions
 
     def finish(self) -> Window:
         """End the window and return it.

@@ -48,6 +48,8 @@ class SlotRowWriter(WindowWriter):
         self.fast = False
         """``direct and copy_ready and error is None``: one flag to test per row."""
         self.copy_bytes = 0
+        self.copy_messages = 0
+        """CopyData messages received (one per slot row, plus header and trailer)."""
         self.feed: Feed | None = None
         """``Assembler.feed``: every message the fast path does not handle."""
         self.copy_fallback: Callable[[bytes], None] | None = None
@@ -76,6 +78,7 @@ class SlotRowWriter(WindowWriter):
         """
         size = len(chunk)
         self.copy_bytes += size
+        self.copy_messages += 1
         if self.fast and size > 31:
             try:
                 nfields, len_lsn, lsn, len_xid, _, len_data, code, oid, kind = _ROW.unpack_from(
@@ -125,6 +128,9 @@ class SlotRowWriter(WindowWriter):
                         raise WireError(f"message ends at byte {size}, its tuples at byte {p}",
                                         min(p, size))
                     target.lsn(lsn)
+                    self.room -= 1
+                    if not self.room:
+                        self.portion_full()
                     return
             except (WireError, IndexError, struct.error) as exc:
                 self.fail(_change_error(chunk, exc))
@@ -167,6 +173,8 @@ class CopySink:
         self._writer = writer
         self._parser = CopyBinaryParser()
         self._feed = feed
+        self._parsed_messages = 0
+        self._parsed_rows = 0
         writer.feed = feed
         writer.copy_fallback = self._general
         self.write = writer.copy_row
@@ -176,9 +184,16 @@ class CopySink:
         """COPY bytes received."""
         return self._writer.copy_bytes
 
+    @property
+    def row_count(self) -> int:
+        """Slot rows received so far (what ``upto_nchanges`` counts)."""
+        return self._writer.copy_messages - self._parsed_messages + self._parsed_rows
+
     def _general(self, chunk: bytes) -> None:
         """Header, trailer, short messages or rows split across writes."""
+        self._parsed_messages += 1
         for row in self._parser.feed(chunk):
+            self._parsed_rows += 1
             if len(row) != 3 or row[0] is None or row[2] is None or len(row[0]) != 8:
                 raise DecodeError(f"slot COPY row has an unexpected shape: {row!r:.200}")
             data = row[2]

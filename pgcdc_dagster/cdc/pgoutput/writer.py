@@ -9,6 +9,16 @@ table, the columns that are constant within a transaction (commit LSN, xid, comm
 ``collection_order``) in bulk when the transaction ends, and the mostly-default columns
 (``before``, ``before_key_only``, ``truncate_options``) are padded lazily. After
 :meth:`WindowWriter.end` every list of every segment has the same length.
+
+Portions (bounded memory for huge transactions, issue 6 item 5): with
+:meth:`WindowWriter.set_portions`, as soon as ``portion_changes`` rows have been written
+since the last portion, the segments written so far are completed (the open run gets its
+``total_order``, the open transaction's rows their commit LSN, xid, commit time and
+``collection_order``, all known since Begin) and handed to the callback as a
+:class:`~pgcdc_dagster.cdc.changes.Window` holding only ``tables``; the writer continues in
+fresh segments, and ``total_order`` / ``collection_order`` continue across portions as if
+nothing had been cut. Every portion holds exactly ``portion_changes`` rows (the last, left in
+:attr:`WindowWriter.window`, fewer); transactions, messages and counts stay in the window.
 """
 
 from __future__ import annotations
@@ -83,6 +93,16 @@ class _Target:
         return row, p
 
 
+    def rebind(self, seg: TableChanges) -> None:
+        """Write into ``seg`` from now on (after a portion), keeping the learnt layout."""
+        self.seg = seg
+        self.op = seg.op.append
+        self.lsn = seg.lsn.append
+        self.after = seg.after.append
+        self.gen = -1
+        self.learned_at = 0
+
+
 def _no_unpack(buf: bytes, pos: int) -> tuple[object, ...]:
     raise AssertionError("no layout learnt")  # unreachable: spec_size is -1
 
@@ -122,12 +142,56 @@ class WindowWriter:
         self.xid = 0
         self.commit_lsn = 0
         self.commit_ts_us = 0
+        self.room = -1
+        """Rows still to write before the next portion; negative (never reaching 0) when
+        portions are off. Every row written decrements it."""
+        self._portion_changes = 0
+        self._on_portion: Callable[[Window], None] | None = None
+        self._done: dict[tuple[str, str], int] = {}
+        """Events per table of the open transaction already handed out in portions."""
+        self._parked: dict[int, _Target] = {}
+        """Targets whose segments went out in a portion, reused (with their learnt layouts)
+        when their relation writes again."""
+        self.portions = 0
+        """Portions handed out so far."""
+
+    def set_portions(self, portion_changes: int, on_portion: Callable[[Window], None]) -> None:
+        """Hand out the window in portions of ``portion_changes`` rows (see module doc)."""
+        if portion_changes < 1:
+            raise ValueError(f"portion_changes must be at least 1, got {portion_changes}")
+        self._portion_changes = portion_changes
+        self._on_portion = on_portion
+        self.room = portion_changes
+
+    def portion_full(self) -> None:
+        """Called when :attr:`room` reaches 0: complete and hand out the rows so far."""
+        self.room = self._portion_changes
+        if self._last is not None:
+            self._close_run()
+        if self.in_txn:
+            done = self._done
+            for seg, start in self._touched:
+                qualified = seg.relation.qualified
+                n = done.get(qualified, 0)
+                done[qualified] = n + self._fill(seg, start, n)
+            self._touched.clear()
+            self._touched_ids.clear()
+        window = self.window
+        tables = {key: kept for key, segs in window.tables.items()
+                  if (kept := [seg for seg in segs if len(seg)])}
+        window.tables = {}
+        self._parked.update(self._targets)
+        self._targets.clear()
+        self.portions += 1
+        assert self._on_portion is not None
+        self._on_portion(Window(tables=tables))
 
     def relation(self, relation: Relation) -> None:
         """Apply a Relation message; a changed shape opens a new segment at the next row."""
         if self.relations.get(relation.oid) != relation:
             self.relations[relation.oid] = relation
             self._targets.pop(relation.oid, None)
+            self._parked.pop(relation.oid, None)
 
     def begin(self, xid: int, commit_lsn: int, commit_ts_us: int, skip: bool) -> None:
         """Open a transaction whose commit LSN and time are already known."""
@@ -141,6 +205,7 @@ class WindowWriter:
         self.xid = xid
         self.commit_lsn = commit_lsn
         self.commit_ts_us = commit_ts_us
+        self._done = {}
 
     def _target(self, oid: int, at: int) -> _Target:
         relation = self.relations.get(oid)
@@ -150,6 +215,11 @@ class WindowWriter:
         segments = self.window.tables.setdefault(relation.qualified, [])
         if not segments or segments[-1].relation != relation:
             segments.append(TableChanges(relation))
+        parked = self._parked.pop(oid, None)
+        if parked is not None:
+            parked.rebind(segments[-1])
+            self._targets[oid] = parked
+            return parked
         target = self._targets[oid] = _Target(segments[-1])
         return target
 
@@ -228,6 +298,9 @@ class WindowWriter:
         if p != end:
             raise WireError(f"message ends at byte {end}, its tuples at byte {p}", min(p, end))
         target.lsn(lsn)
+        self.room -= 1
+        if not self.room:
+            self.portion_full()
 
     @staticmethod
     def _before(seg: TableChanges, old: Row, key_only: bool) -> None:
@@ -250,6 +323,9 @@ class WindowWriter:
             target.op("t")
             target.after(None)
             target.lsn(lsn)
+            self.room -= 1
+            if not self.room:
+                self.portion_full()
         self._close_run()
 
     def message(self, lsn: int, prefix: str, content: bytes) -> None:
@@ -271,7 +347,8 @@ class WindowWriter:
             self._close_run()
         if self.skip or self.order == 0:
             return None
-        counts: dict[tuple[str, str], int] = {}
+        counts = self._done
+        self._done = {}
         for seg, start in self._touched:
             qualified = seg.relation.qualified
             done = counts.get(qualified, 0)
