@@ -13,12 +13,14 @@ Logical decoding messages (``op = m``) and transaction metadata (BEGIN/END recor
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.tables import TableContext
@@ -74,19 +76,6 @@ def _select(seg: TableChanges, keep: Callable[[int], bool]) -> TableChanges:
     return out
 
 
-def rekey(relation: Relation, key: Sequence[str]) -> Relation:
-    """The relation with the captured table's key flagged.
-
-    pgoutput flags the replica identity columns, which under REPLICA IDENTITY FULL are all
-    columns; events and silver are keyed by the primary key (or the identity index).
-    """
-    wanted = set(key)
-    if all(c.is_key == (c.name in wanted) for c in relation.columns):
-        return relation
-    columns = tuple(dataclasses.replace(c, is_key=c.name in wanted) for c in relation.columns)
-    return dataclasses.replace(relation, columns=columns)
-
-
 def _fresh(seg: TableChanges, done: int | None, skipped: frozenset[str]) -> TableChanges:
     """Drop transactions already committed (commit LSN below ``done``) and skipped ops."""
     if done is not None and seg.commit_lsn and seg.commit_lsn[0] < done:
@@ -103,7 +92,7 @@ def _fresh(seg: TableChanges, done: int | None, skipped: frozenset[str]) -> Tabl
 class _Pending:
     ctx: TableContext
     done: int | None
-    files: list[DataFile] = field(default_factory=list)
+    files: list[Future[DataFile]] = field(default_factory=list)
     schemas: list[pa.Schema] = field(default_factory=list)
     ops: dict[str, int] = field(default_factory=dict)
 
@@ -125,6 +114,10 @@ class BronzeWindowWriter:
     _messages: list[pa.Table] = field(default_factory=list)
     _transactions: list[pa.Table] = field(default_factory=list)
     _meta_done: dict[str, int | None] = field(default_factory=dict)
+    max_pending_writes: int = 2
+    """Part files that may wait for the background writer (each holds its Arrow table)."""
+    _executor: ThreadPoolExecutor | None = None
+    _inflight: deque[Future[DataFile]] = field(default_factory=deque)
 
     def _meta_uri(self, name: str) -> str:
         return table_uri(self.lakehouse, "bronze", "_pgcdc", name)
@@ -138,6 +131,30 @@ class BronzeWindowWriter:
                                                       self._meta_app_id(name))
         return self._meta_done[name]
 
+    def _write(self, pending: _Pending, data: pa.Table) -> None:
+        """Queue one part file of ``pending``'s table for the background writer."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="pgcdc-bronze-write")
+        while len(self._inflight) >= self.max_pending_writes:
+            self._inflight.popleft().result()
+        future = self._executor.submit(write_part, pending.ctx.bronze_uri, data, "part-stream")
+        self._inflight.append(future)
+        pending.files.append(future)
+
+    def _drain(self) -> None:
+        """Wait for every queued part file (re-raising a failed write)."""
+        while self._inflight:
+            self._inflight.popleft().result()
+
+    def close(self) -> None:
+        """Stop the background writer (waiting for queued writes)."""
+        try:
+            self._drain()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
     def _state(self, key: tuple[str, str]) -> _Pending | None:
         pending = self._pending.get(key)
         if pending is None:
@@ -149,7 +166,14 @@ class BronzeWindowWriter:
         return pending
 
     def add(self, window: Window) -> None:
-        """Convert and write the window's (portion's) events as uncommitted part files."""
+        """Convert and write the window's (portion's) events as uncommitted part files.
+
+        Each segment is shaped by its table's context first (``TableContext.shape``: the
+        table's key, the captured columns, the column options), so streamed events are
+        encoded exactly as the snapshot's. Part files are written by a background thread
+        (Arrow's Parquet writer releases the GIL) while the next segment converts; at most
+        ``max_pending_writes`` tables wait for it, which bounds the memory they hold.
+        """
         now_ms = int(time.time() * 1000)
         for key, segments in window.tables.items():
             pending = self._state(key)
@@ -159,11 +183,11 @@ class BronzeWindowWriter:
             tables = []
             for seg in segments:
                 seg = _fresh(seg, done, self.skipped_ops)
-                seg.relation = rekey(seg.relation, pending.ctx.relation.key_names)
-                if len(seg):
-                    tables.append(bronze_from_changes(
-                        seg, self.converters(seg.relation), self.ident, now_ms,
-                        tombstones=self.tombstones_on_delete))
+                if not len(seg):
+                    continue
+                seg, converters = pending.ctx.shape(seg, self.converters)
+                tables.append(bronze_from_changes(
+                    seg, converters, self.ident, now_ms, tombstones=self.tombstones_on_delete))
             if not tables:
                 continue
             groups: dict[pa.Schema, list[pa.Table]] = {}
@@ -171,11 +195,13 @@ class BronzeWindowWriter:
                 groups.setdefault(table.schema, []).append(table)
             ensure_table(pending.ctx.bronze_uri, tables[0].schema)
             for schema, same in groups.items():
-                data = pa.concat_tables(same)
-                pending.files.append(write_part(pending.ctx.bronze_uri, data, "part-stream"))
+                data = pa.concat_tables(same) if len(same) > 1 else same[0]
+                self._write(pending, data)
                 pending.schemas.append(schema)
-                for op in data.column("op").to_pylist():
-                    pending.ops[str(op)] = pending.ops.get(str(op), 0) + 1
+                counts = pc.value_counts(data.column("op").combine_chunks()).to_pylist()
+                for item in counts:
+                    op = str(item["values"])
+                    pending.ops[op] = pending.ops.get(op, 0) + int(item["counts"])
         done_msgs = self._meta_committed("messages") if window.messages else None
         msgs = [m for m in window.messages
                 if not m.prefix.startswith(self.ignore_message_prefixes)
@@ -194,6 +220,7 @@ class BronzeWindowWriter:
         ``start`` (the slot's confirmed position when the window was read) is recorded with
         ``upto`` in the commit metadata, so a check can prove windows chain without gaps.
         """
+        self._drain()
         counts: dict[str, dict[str, int]] = {}
         meta = {"pgcdc.kind": "stream", "pgcdc.window_end": str(upto)}
         if start is not None:
@@ -205,7 +232,7 @@ class BronzeWindowWriter:
             schema = pa.schema(table.schema().to_arrow())
             for incoming in pending.schemas:
                 schema = evolve(table, incoming, f"bronze of {pending.ctx.name}")
-            commit_files(table, pending.files, schema, mode="append",
+            commit_files(table, [f.result() for f in pending.files], schema, mode="append",
                          app_id=pending.ctx.bronze_app_id, version=int(upto), metadata=meta)
             crash_point("between_table_commits")
             counts[pending.ctx.name] = dict(pending.ops)
@@ -232,5 +259,8 @@ def write_window(window: Window, upto: Lsn, contexts: dict[tuple[str, str], Tabl
                  ) -> dict[str, dict[str, int]]:
     """Write and commit one whole window (see :class:`BronzeWindowWriter`)."""
     writer = BronzeWindowWriter(contexts, converters, ident, lakehouse, app_prefix)
-    writer.add(window)
-    return writer.commit(upto)
+    try:
+        writer.add(window)
+        return writer.commit(upto)
+    finally:
+        writer.close()

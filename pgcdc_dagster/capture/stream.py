@@ -126,6 +126,8 @@ def window_end(window: Window, upto: Lsn, cap: int | None) -> Lsn:
 
 def _maybe_truncated(window: Window, cap: int) -> bool:
     """An upper bound of the rows the peek returned reached the cap."""
+    if window.slot_rows:  # exact, and still right when segments went out in portions
+        return window.slot_rows >= cap
     rows = (window.change_count + 2 * len(window.transactions)
             + 2 * len(window.segments()) + 16)
     return rows >= cap
@@ -157,31 +159,34 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
             skipped_ops=skipped, tombstones_on_delete=settings.tombstones_on_delete,
             transaction_metadata=settings.provide_transaction_metadata,
             ignore_message_prefixes=OWN_MESSAGE_PREFIXES)
-        for _ in range(settings.max_windows):
-            if time.monotonic() - started > settings.time_budget_s:
-                break
-            flushed = current_flush_lsn(conn)
-            if flushed <= position:
-                break
-            upto = Lsn(min(int(flushed), int(position) + settings.window_max_bytes))
-            w_started = time.monotonic()
-            cap = settings.window_max_changes or None
-            window = peek_window(conn, settings.slot, settings.publication, upto,
-                                 upto_nchanges=cap)
-            crash_point("after_decode")
-            end = window_end(window, upto, cap)
-            if hook is not None:
-                hook(window, end)
-            writer.add(window)
-            counts = writer.commit(end, position)
-            crash_point("after_bronze_commit")
-            # Only after every bronze commit may the slot forget the window.
-            advance_slot(conn, settings.slot, end)
-            crash_point("after_advance")
-            report.windows.append(WindowReport(position, end, window.change_count,
-                                               len(window.transactions), counts,
-                                               time.monotonic() - w_started))
-            position = end
+        try:
+            for _ in range(settings.max_windows):
+                if time.monotonic() - started > settings.time_budget_s:
+                    break
+                flushed = current_flush_lsn(conn)
+                if flushed <= position:
+                    break
+                upto = Lsn(min(int(flushed), int(position) + settings.window_max_bytes))
+                w_started = time.monotonic()
+                cap = settings.window_max_changes or None
+                window = peek_window(conn, settings.slot, settings.publication, upto,
+                                     upto_nchanges=cap)
+                crash_point("after_decode")
+                end = window_end(window, upto, cap)
+                if hook is not None:
+                    hook(window, end)
+                writer.add(window)
+                counts = writer.commit(end, position)
+                crash_point("after_bronze_commit")
+                # Only after every bronze commit may the slot forget the window.
+                advance_slot(conn, settings.slot, end)
+                crash_point("after_advance")
+                report.windows.append(WindowReport(position, end, window.change_count,
+                                                   len(window.transactions), counts,
+                                                   time.monotonic() - w_started))
+                position = end
+        finally:
+            writer.close()
         report.end = position
         final = require_usable_slot(conn, settings.slot)
         report.slot_lag_bytes = final.lag_bytes

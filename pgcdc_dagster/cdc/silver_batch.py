@@ -39,48 +39,66 @@ def _newest_truncate(bronze: pa.Table) -> tuple[int, int] | None:
     return int(best[0]), int(best[1])
 
 
-def prepare_arrow(bronze: pa.Table, key_columns: Sequence[str],
-                  toastable: Sequence[str]) -> PreparedBatch:
-    """Reduce a table of bronze rows (see module docstring)."""
-    events = bronze.num_rows
-    truncate_seq = _newest_truncate(bronze)
-    rows = bronze.filter(pc.is_in(bronze["op"], pa.array(["c", "u", "d", "r"])))
-    if truncate_seq is not None:
-        lsn, ordinal = truncate_seq
-        newer = pc.or_(pc.greater(rows["__commit_lsn"], lsn),
-                       pc.and_(pc.equal(rows["__commit_lsn"], lsn),
-                               pc.greater(rows["__ordinal"], ordinal)))
-        rows = rows.filter(newer)
+def _output(rows: pa.Table) -> pa.Table:
+    """The output columns for bronze rows (``image``: after, or before for deletes)."""
     is_delete = pc.equal(rows["op"], "d")
-    image = pc.if_else(is_delete, rows["before"].combine_chunks(), rows["after"].combine_chunks())
+    before, after = rows["before"].combine_chunks(), rows["after"].combine_chunks()
+    image = after if not pc.any(is_delete).as_py() else pc.if_else(is_delete, before, after)
     source = rows["source"].combine_chunks()
-    keys = {f"__k{i}": pc.struct_field(rows["key"].combine_chunks(), k)
-            for i, k in enumerate(key_columns)}
-    work = pa.table({
-        **keys, "image": image, "op": rows["op"], "__commit_lsn": rows["__commit_lsn"],
+    return pa.table({
+        "image": image, "op": rows["op"], "__commit_lsn": rows["__commit_lsn"],
         "__ordinal": rows["__ordinal"], "__lsn": pc.struct_field(source, "lsn"),
         "__source_ts_ms": pc.struct_field(source, "ts_ms"),
         "__toast_unchanged": rows["__toast_unchanged"],
     })
-    key_names = list(keys)
-    work = work.sort_by([(k, "ascending") for k in key_names]
-                        + [("__commit_lsn", "ascending"), ("__ordinal", "ascending")])
-    n = work.num_rows
+
+
+def prepare_arrow(bronze: pa.Table, key_columns: Sequence[str],
+                  toastable: Sequence[str]) -> PreparedBatch:
+    """Reduce a table of bronze rows (see module docstring).
+
+    Only the keys and the sequence are sorted; the wide columns (images, source) are taken
+    for the winning rows alone.
+    """
+    events = bronze.num_rows
+    truncate_seq = _newest_truncate(bronze)
+    keep = pc.is_in(bronze["op"], pa.array(["c", "u", "d", "r"]))
+    if truncate_seq is not None:
+        lsn, ordinal = truncate_seq
+        newer = pc.or_(pc.greater(bronze["__commit_lsn"], lsn),
+                       pc.and_(pc.equal(bronze["__commit_lsn"], lsn),
+                               pc.greater(bronze["__ordinal"], ordinal)))
+        keep = pc.and_(keep, newer)
+    rows = bronze if pc.all(keep).as_py() else bronze.filter(keep)
+    n = rows.num_rows
     if n == 0:
-        return PreparedBatch(work.select(list(OUTPUT_COLUMNS)), truncate_seq, events)
-    last = pa.array([True]) if n == 1 else None
-    if last is None:
+        return PreparedBatch(_output(rows).select(list(OUTPUT_COLUMNS)), truncate_seq, events)
+    key = rows["key"].combine_chunks()
+    key_names = [f"__k{i}" for i in range(len(key_columns))]
+    narrow = pa.table({
+        **{name: pc.struct_field(key, k) for name, k in zip(key_names, key_columns, strict=True)},
+        "__commit_lsn": rows["__commit_lsn"], "__ordinal": rows["__ordinal"],
+    })
+    order = pc.sort_indices(narrow, sort_keys=[(k, "ascending") for k in key_names]
+                            + [("__commit_lsn", "ascending"), ("__ordinal", "ascending")])
+    if n == 1:
+        last = pa.array([True])
+    else:
         differs = None
         for k in key_names:
-            col = work[k].combine_chunks()
-            d = pc.not_equal(col.slice(0, n - 1), col.slice(1))
+            col = narrow[k].combine_chunks().take(order)
+            a, b = col.slice(0, n - 1), col.slice(1)
+            d = pc.not_equal(a, b)
+            if col.null_count:  # null equals null here: one group
+                d = pc.if_else(pc.and_(pc.is_null(a), pc.is_null(b)), False,
+                               pc.fill_null(d, True))
             differs = d if differs is None else pc.or_(differs, d)
         assert differs is not None
         last = pa.concat_arrays([differs, pa.array([True])])
-    winners = work.filter(last)
+    winners = _output(rows.take(pc.filter(order, last)))
     if toastable and pc.any(pc.greater(pc.list_value_length(
             winners["__toast_unchanged"]), 0)).as_py():
-        winners = _fill_toast(work, last, winners, key_names, toastable)
+        winners = _fill_toast(_output(rows.take(order)), last, winners, key_names, toastable)
     return PreparedBatch(winners.select(list(OUTPUT_COLUMNS)), truncate_seq, events)
 
 

@@ -23,12 +23,6 @@ from pgcdc_dagster.lake.silver import live_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-STREAM_HOOK = pytest.mark.xfail(
-    strict=True,
-    reason="the stream encodes with its own converters until capture/bronze_write.py calls "
-           "TableContext.shape (change request in docs/debezium-json.md); remove this marker "
-           "when it does")
-
 PEOPLE = """
 CREATE TABLE people (id int PRIMARY KEY, tenant int NOT NULL, name text, ssn varchar(11),
                      note text, born date, score float8, secret text, email varchar(64));
@@ -140,7 +134,6 @@ def test_exported_schemas_carry_the_mapper_parameters(people):
                                                "field": "id"}]  # NOT NULL: see docs
 
 
-@STREAM_HOOK
 def test_stream_applies_the_same_options(people, pg_conn, spark, lakehouse):
     with pg_conn.cursor() as cur:
         cur.execute("INSERT INTO people VALUES (4, 30, 'Cleo', '111-22-3333', 'streamed note', "
@@ -202,7 +195,6 @@ def test_custom_key_and_include_list_in_snapshot(orders, lakehouse):
         "optional": False, "name": "pgcdc.public.orders.Key"}
 
 
-@STREAM_HOOK
 def test_custom_key_drives_the_stream_and_silver(orders, pg_conn, spark, lakehouse):
     with pg_conn.cursor() as cur:
         cur.execute("UPDATE orders SET qty = 6 WHERE id = 1")
