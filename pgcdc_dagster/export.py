@@ -8,11 +8,13 @@ Usage::
 Each output line is one record, ``{"topic": ..., "key": ..., "value": ...}``, key and value
 as Kafka Connect's JsonConverter writes them with ``schemas.enable=true`` (``--value-only``
 prints the value message alone, as ``kafka-console-consumer`` shows it). Events come in
-sequence order (commit LSN, then change ordinal). The schemas come from the ``debezium.schema``
-metadata bronze keeps on its fields, so no database connection is needed. The topic prefix is
-each row's ``source.name`` unless ``--topic-prefix`` overrides it. ``_pgcdc.messages`` and
-``_pgcdc.transactions`` export the logical decoding messages and the transaction metadata
-records. See ``docs/debezium-json.md``.
+sequence order (commit LSN, then change ordinal). Each event gets the schema of its time from
+the LSN-keyed schema history (``lake/schema_history.py``; a column stored in a versioned field
+after a type change is put back under its name), or, for lakehouses without one, from the
+``debezium.schema`` metadata bronze keeps on its fields; no database connection is needed.
+The topic prefix is each row's ``source.name`` unless ``--topic-prefix`` overrides it.
+``_pgcdc.messages`` and ``_pgcdc.transactions`` export the logical decoding messages and the
+transaction metadata records. See ``docs/debezium-json.md``.
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ from pgcdc_dagster.cdc.debezium_json import (
     DebeziumRecord,
     TableCodec,
     table_codec_from_bronze,
+    table_codec_of_shape,
 )
 from pgcdc_dagster.cdc.debezium_records import BINARY_MODES, message_to_json, transaction_to_json
 from pgcdc_dagster.cdc.jackson import dumps
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import open_table
 from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.schema_history import history_uri, read_history, shape_at
 
 META_SCHEMA = "_pgcdc"
 
@@ -97,14 +101,20 @@ def export_table(lakehouse: str, schema: str, table: str, *, limit: int | None =
         return
     arrow = delta.schema().to_arrow()
     bronze_schema = arrow if isinstance(arrow, pa.Schema) else pa.schema(arrow)
-    codecs: dict[str, TableCodec] = {}
+    history = read_history(history_uri(lakehouse), schema, table)
+    codecs: dict[tuple[str, str | None], TableCodec] = {}
     for row in data.to_pylist():
         prefix = topic_prefix or row["source"]["name"]
-        codec = codecs.get(prefix)
+        entry = shape_at(history, row["__commit_lsn"], row["__ordinal"]) if history else None
+        shape_id = entry.shape.shape_id if entry is not None else None
+        codec = codecs.get((prefix, shape_id))
         if codec is None:
-            codec = codecs[prefix] = table_codec_from_bronze(
-                bronze_schema, prefix, schema, table, fmt=fmt,
-                schema_name_adjustment=schema_name_adjustment)
+            codec = codecs[(prefix, shape_id)] = (
+                table_codec_of_shape(entry.shape.parsed(), prefix, schema, table, fmt=fmt,
+                                     schema_name_adjustment=schema_name_adjustment)
+                if entry is not None else
+                table_codec_from_bronze(bronze_schema, prefix, schema, table, fmt=fmt,
+                                        schema_name_adjustment=schema_name_adjustment))
         yield codec.record(row, transaction_metadata=transaction_metadata)
 
 

@@ -1,4 +1,9 @@
-"""Per-table context: relation, converters, table URIs and app-transaction ids."""
+"""Per-table context: relation, converters, table URIs and app-transaction ids.
+
+The context also decides where each column's values go in bronze when a column's type
+changed (a versioned field, ``cdc/column_versions.py``) and records the table's shapes in
+the LSN-keyed schema history (``lake/schema_history.py``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from dataclasses import dataclass, field
 
 import psycopg2.extensions
 import pyarrow as pa
+from deltalake import DeltaTable
 
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.cdc.changes import Column, Relation, TableChanges
@@ -18,11 +24,15 @@ from pgcdc_dagster.cdc.column_options import (
     project_changes,
     with_key,
 )
+from pgcdc_dagster.cdc.column_versions import assign_field, column_of, compatible, renamed, versions
 from pgcdc_dagster.cdc.envelope import bronze_schema
 from pgcdc_dagster.cdc.typeconv import ColumnConverter, TypeModes, converter_for
+from pgcdc_dagster.lake.delta import committed_version, open_table
+from pgcdc_dagster.lake.evolution import SchemaChangeError
 from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.schema_history import HistoryRecorder, Shape, history_uri
 from pgcdc_dagster.lake.silver import silver_schema, toastable_columns
-from pgcdc_dagster.postgres.catalog import load_types
+from pgcdc_dagster.postgres.catalog import load_types, table_columns
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +51,14 @@ class TableContext:
     silver_app_id: str
     options: ColumnOptions = field(default_factory=ColumnOptions)
     """The capture's column options (``column.*``, ``message.key.columns``)."""
+    committed: tuple[pa.Field, ...] = ()
+    """The fields of bronze's ``after`` struct when the context was built (the committed
+    schema the versioned field names are chosen against)."""
+    history: HistoryRecorder | None = field(default=None, compare=False, repr=False)
+    """Records the shapes of the events written (None: no schema history)."""
     _shapes: dict[Relation, tuple[ColumnConverter, ...]] = field(
         default_factory=dict, compare=False, repr=False)
+    _shape_ids: dict[int, Shape] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -75,7 +91,13 @@ class TableContext:
         context was built for, these are the context's own converters, so the snapshot,
         the stream and silver encode every value alike. ``base`` gives the plain converters
         of a relation (the stream's converter cache) for shapes the context does not know
-        (a column added mid-stream).
+        (a column added, or its type changed, mid-stream: a changed type gets a versioned
+        bronze field). The segment's shape is recorded in the schema history at its first
+        event's position when it differs from the shape in force there.
+
+        Raises:
+            SchemaChangeError: a key column's type changed (bronze keys and the silver MERGE
+                key cannot follow it; re-snapshot the table).
         """
         known = {c.name: c for c in self.relation.columns}
         schema, table = self.relation.namespace, self.relation.name
@@ -87,18 +109,32 @@ class TableContext:
                     c.is_key or self.options.captures(schema, table, c.name)))]
         seg = project_changes(seg, keep)
         if seg.relation.columns == self.relation.columns:
-            return seg, self.converters
-        cached = self._shapes.get(seg.relation)
-        if cached is None:
-            cached = self._shapes[seg.relation] = self._converters_for(seg.relation, plain,
-                                                                       relation)
-        return seg, cached
+            convs = self.converters
+        else:
+            cached = self._shapes.get(seg.relation)
+            if cached is None:
+                cached = self._shapes[seg.relation] = self._converters_for(
+                    seg.relation, plain, relation)
+            convs = cached
+        self._record(seg, convs)
+        return seg, convs
+
+    def _record(self, seg: TableChanges, convs: tuple[ColumnConverter, ...]) -> None:
+        if self.history is None or not len(seg) or not seg.commit_lsn:
+            return
+        shape = self._shape_ids.get(id(convs))
+        if shape is None:
+            shape = self._shape_ids[id(convs)] = Shape.of(seg.relation, convs)
+        ordinal = seg.total_order[0] if seg.total_order else 0
+        self.history.record(shape, int(seg.commit_lsn[0]), int(ordinal))
 
     def _converters_for(self, shaped: Relation, plain: Sequence[ColumnConverter],
                         full: Relation) -> tuple[ColumnConverter, ...]:
         """Converters of a shape the context was not built for: the context's own for the
         columns it knows unchanged (so their schemas, and the Delta field metadata, stay
-        the same), the plain ones, with the column options applied, for the others."""
+        the same), the plain ones, with the column options applied and their bronze field
+        chosen against the committed schema (a versioned field for a changed type), for the
+        others."""
         by_name = dict(zip([c.name for c in full.columns], plain, strict=True))
         mine = {c.name: (c, conv) for c, conv in zip(self.relation.columns, self.converters,
                                                      strict=True)}
@@ -108,9 +144,22 @@ class TableContext:
         if fresh:
             sub = dataclasses.replace(shaped, columns=tuple(fresh))
             _, convs = self.options.shape(sub, [by_name[c.name] for c in fresh], {})
-            mapped = {c.name: conv for c, conv in zip(fresh, convs, strict=True)}
+            pending = [conv.bronze_field for conv in self.converters]
+            for col, conv in zip(fresh, convs, strict=True):
+                name = assign_field(col.name, conv.bronze_field, self.committed, pending)
+                if name != col.name and col.is_key:
+                    raise _key_type_changed(self.name, col.name)
+                mapped[col.name] = renamed(conv, name)
+                pending.append(mapped[col.name].bronze_field)
         return tuple(mapped[c.name] if c.name in mapped else mine[c.name][1]
                      for c in shaped.columns)
+
+
+def _key_type_changed(table: str, column: str) -> SchemaChangeError:
+    return SchemaChangeError(
+        f"bronze of {table}: the type of key column {column} changed; bronze keys and the "
+        "silver MERGE key cannot follow a key's type change. Move the table's bronze and "
+        "silver directories aside and snapshot it again (or exclude the table).")
 
 
 def _same_column(a: Column, b: Column) -> bool:
@@ -134,12 +183,22 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
                   settings: CaptureSettings) -> TableContext:
     """Resolve the relation's column types and build its context.
 
-    Columns whose type Debezium omits are dropped; then the column options apply
-    (``column.include.list``/``column.exclude.list``, the column mappers and
-    ``message.key.columns``; see ``cdc/column_options.py``).
+    Columns whose type Debezium omits are dropped; NOT NULL columns get required schemas
+    (EVT-08/09); then the column options apply (``column.include.list``/
+    ``column.exclude.list``, the column mappers and ``message.key.columns``; see
+    ``cdc/column_options.py``). A column whose encoding differs from the one bronze holds
+    gets a versioned bronze field (``cdc/column_versions.py``), with converters for its
+    older fields so silver reads every event. The context's shape is recorded in the schema
+    history at the table's offset when it is not the shape in force there.
+
+    Raises:
+        SchemaChangeError: a key column's type changed since bronze stored it.
     """
+    schema, table = relation.namespace, relation.name
     types = load_types(conn, {c.type_oid for c in relation.columns})
-    convs = converters_for(relation.columns, types, settings.modes)  # type: ignore[arg-type]
+    not_null = {name for name, _, _, nn in table_columns(conn, schema, table) if nn}
+    convs = converters_for(relation.columns, types, settings.modes,  # type: ignore[arg-type]
+                           not_null=not_null)
     kept = [(col, conv) for col, conv in zip(relation.columns, convs, strict=True)
             if not conv.dropped]
     rel = Relation(relation.oid, relation.namespace, relation.name, relation.replica_identity,
@@ -151,16 +210,89 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
         rel, converters = options.shape(rel, converters, types)
         if rel.key_names != primary:
             _check_custom_key(rel, primary)
-    schema, table = relation.namespace, relation.name
+    bronze_uri = table_uri(settings.lakehouse, "bronze", schema, table)
+    bronze = open_table(bronze_uri)
+    committed = _after_fields(bronze)
+    converters = _versioned(conn, rel, converters, committed, settings, options)
+    app_id = f"{settings.app_prefix}:bronze:{schema}.{table}"
+    history = HistoryRecorder(history_uri(settings.lakehouse), schema, table) \
+        if settings.lakehouse else None
+    if history is not None:
+        offset = committed_version(bronze, app_id)
+        # Ordinal 1: snapshot rows at the offset (ordinal 0) keep the shape they were read in.
+        history.record(Shape.of(rel, converters), offset or 0, 1 if offset else 0)
     return TableContext(
         relation=rel,
         converters=converters,
-        bronze_uri=table_uri(settings.lakehouse, "bronze", schema, table),
+        bronze_uri=bronze_uri,
         silver_uri=table_uri(settings.lakehouse, "silver", schema, table),
-        bronze_app_id=f"{settings.app_prefix}:bronze:{schema}.{table}",
+        bronze_app_id=app_id,
         silver_app_id=f"{settings.app_prefix}:silver:{schema}.{table}",
         options=options,
+        committed=committed,
+        history=history,
     )
+
+
+def _after_fields(bronze: DeltaTable | None) -> tuple[pa.Field, ...]:
+    if bronze is None:
+        return ()
+    arrow = bronze.schema().to_arrow()
+    current = arrow if isinstance(arrow, pa.Schema) else pa.schema(arrow)
+    if current.get_field_index("after") < 0:
+        return ()
+    after = current.field("after").type
+    return tuple(after.field(i) for i in range(after.num_fields))
+
+
+def _versioned(conn: psycopg2.extensions.connection, relation: Relation,
+               converters: Sequence[ColumnConverter], committed: Sequence[pa.Field],
+               settings: CaptureSettings, options: ColumnOptions
+               ) -> tuple[ColumnConverter, ...]:
+    """The converters with each column's bronze field chosen against the committed schema;
+    a versioned one carries converters of the column's older fields (newest first)."""
+    out = []
+    for col, conv in zip(relation.columns, converters, strict=True):
+        name = assign_field(col.name, conv.bronze_field, committed)
+        if name == col.name:
+            out.append(conv)
+            continue
+        if col.is_key:
+            raise _key_type_changed(f"{relation.namespace}.{relation.name}", col.name)
+        older = [f for f in versions(committed, col.name) if f.name != name]
+        superseded = [c for c in (_converter_of_field(conn, relation, f, settings, options)
+                                  for f in reversed(older)) if c is not None]
+        out.append(renamed(conv, name, superseded))
+    return tuple(out)
+
+
+def _converter_of_field(conn: psycopg2.extensions.connection, relation: Relation,
+                        stored: pa.Field, settings: CaptureSettings, options: ColumnOptions
+                        ) -> ColumnConverter | None:
+    """A converter that decodes an older bronze field of a column, rebuilt from the
+    PostgreSQL type its metadata names; None (with a warning) when that is impossible."""
+    meta = {k.decode(): v.decode() for k, v in (stored.metadata or {}).items()}
+    column = column_of(stored)
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regtype(%s)::oid", (meta.get("pg.type", ""),))
+        row = cur.fetchone()
+    oid = int(row[0]) if row and row[0] is not None else None
+    types = load_types(conn, {oid}) if oid is not None else {}
+    if oid is None or oid not in types:
+        log.warning("%s.%s: the type %s of bronze field %s no longer exists; silver cannot "
+                    "decode that field's older events", relation.namespace, relation.name,
+                    meta.get("pg.type"), stored.name)
+        return None
+    conv = converter_for(column, types[oid], int(meta.get("pg.typmod", "-1")),
+                         settings.modes, nullable=True)
+    col = Column(column, oid, int(meta.get("pg.typmod", "-1")), False)
+    sub = dataclasses.replace(relation, columns=(col,))
+    _, (conv,) = options.shape(sub, [conv], types)
+    if not compatible(stored, conv.bronze_field):
+        log.warning("%s.%s: bronze field %s cannot be decoded with its recorded type %s",
+                    relation.namespace, relation.name, stored.name, meta.get("pg.type"))
+        return None
+    return renamed(conv, stored.name)
 
 
 def _check_custom_key(relation: Relation, primary: Sequence[str]) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc_dagster.cdc.changes import Relation
+from pgcdc_dagster.cdc.column_versions import column_of, version_of
 from pgcdc_dagster.cdc.jackson import dumps, java_numbers
 from pgcdc_dagster.cdc.typeconv import ColumnConverter, ConnectSchema
 from pgcdc_dagster.exceptions import ConfigurationError
@@ -154,6 +155,14 @@ class FieldCodec:
     schema: Json
     """The JsonConverter schema of the field, without ``field``."""
     encode: Callable[[object], object]
+    source: str | None = None
+    """The bronze field holding the value when it is not ``name`` (a column whose type
+    changed is stored in a versioned field, ``cdc/column_versions.py``)."""
+
+    @property
+    def stored(self) -> str:
+        """The bronze field name the value is read from."""
+        return self.source or self.name
 
     def field_schema(self) -> Json:
         return {**self.schema, "field": self.name}
@@ -177,7 +186,17 @@ class FieldCodec:
                 "with the table's converters instead (table_codec)")
         schema = json.loads(raw)
         schema.pop("field", None)
-        return cls(field.name, schema, schema_from_json(schema).json_value)
+        column = column_of(field)
+        return cls(column, schema, schema_from_json(schema).json_value,
+                   field.name if column != field.name else None)
+
+    @classmethod
+    def of_history(cls, column: Mapping[str, Any]) -> FieldCodec:
+        """From one column of a schema-history shape (``lake/schema_history.py``)."""
+        schema = dict(column["schema"])
+        name, stored = str(column["name"]), str(column["field"])
+        return cls(name, schema, schema_from_json(schema).json_value,
+                   stored if stored != name else None)
 
     def as_key(self) -> FieldCodec:
         """The field as Debezium writes it in a key: no column mapper parameters.
@@ -190,7 +209,7 @@ class FieldCodec:
         schema = {k: v for k, v in self.schema.items() if k != "parameters"}
         if params:
             schema = _with_parameters(schema, params)
-        return FieldCodec(self.name, schema, self.encode)
+        return FieldCodec(self.name, schema, self.encode, self.source)
 
 
 def _with_parameters(schema: Json, params: Mapping[str, str]) -> Json:
@@ -279,14 +298,14 @@ class TableCodec:
     def _image(self, image: Mapping[str, Any] | None) -> Json | None:
         if image is None:
             return None
-        return {f.name: f.value(image.get(f.name)) for f in self.value_fields}
+        return {f.name: f.value(image.get(f.stored)) for f in self.value_fields}
 
     def key_message(self, row: Row) -> Json | None:
         """The key message; None for rows without a key (truncate, EVT-16; keyless, EVT-07)."""
         key = row.get("key")
         if key is None or not self.key_fields:
             return None
-        payload = {f.name: f.value(key.get(f.name)) for f in self.key_fields}
+        payload = {f.name: f.value(key.get(f.stored)) for f in self.key_fields}
         return {"schema": self.key_schema(), "payload": payload}
 
     def value_message(self, row: Row, *, transaction_metadata: bool = False) -> Json | None:
@@ -358,12 +377,32 @@ def table_codec_from_bronze(bronze: pa.Schema, topic_prefix: str, schema: str, t
                             fmt: str = DEFAULT_FORMAT, schema_name_adjustment: str = "none"
                             ) -> TableCodec:
     """The codec of a table from its bronze Arrow schema (the ``debezium.schema`` metadata
-    bronze keeps on every ``key`` and ``after`` field): no database connection needed."""
+    bronze keeps on every ``key`` and ``after`` field): no database connection needed.
+
+    A column stored in several versioned fields is exported once, under its name, with its
+    newest field's schema (the schema history gives each event its own: ``table_codec_of_shape``).
+    """
     value = bronze.field("after").type
     key = bronze.field("key").type
-    values = tuple(FieldCodec.of_arrow_field(value.field(i)) for i in range(value.num_fields))
+    newest: dict[str, FieldCodec] = {}
+    for i in range(value.num_fields):
+        codec = FieldCodec.of_arrow_field(value.field(i))
+        if codec.name not in newest or version_of(value.field(i)) > version_of(
+                value.field(newest[codec.name].stored)):
+            newest[codec.name] = codec
+    values = tuple(newest.values())
     keys = tuple(FieldCodec.of_arrow_field(key.field(i)).as_key()
                  for i in range(key.num_fields))
+    return _codec(topic_prefix, schema, table, keys, values, fmt, schema_name_adjustment)
+
+
+def table_codec_of_shape(columns: Sequence[Mapping[str, Any]], topic_prefix: str, schema: str,
+                         table: str, *, fmt: str = DEFAULT_FORMAT,
+                         schema_name_adjustment: str = "none") -> TableCodec:
+    """The codec of a table's events under one schema-history shape (the columns, their
+    bronze fields and their Connect schemas at the time of those events)."""
+    values = tuple(FieldCodec.of_history(c) for c in columns)
+    keys = tuple(v.as_key() for v, c in zip(values, columns, strict=True) if c.get("key"))
     return _codec(topic_prefix, schema, table, keys, values, fmt, schema_name_adjustment)
 
 

@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from pgcdc_dagster.cdc.changes import Relation
-from pgcdc_dagster.cdc.silver_values import from_bronze
+from pgcdc_dagster.cdc.column_versions import silver_values
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.delta import commit_properties, ensure_table
-from pgcdc_dagster.lake.evolution import evolve
+from pgcdc_dagster.lake.evolution import evolve, with_table_metadata
 
 META_FIELDS = (
     pa.field("__op", pa.string(), nullable=False),
@@ -59,11 +59,9 @@ def silver_from_images(image: pa.StructArray, op: pa.Array, meta: dict[str, pa.A
     schema = silver_schema(relation, converters)
     children = dict(zip([f.name for f in image.type], image.flatten(), strict=True))
     n = len(image)
-    columns = [
-        from_bronze(conv, children[conv.bronze_field.name])
-        if conv.bronze_field.name in children
-        else pa.nulls(n, conv.silver_field.type)  # column added after these events
-        for conv in converters]
+    # Each event's value from the bronze field it was written to (a column whose type
+    # changed has versioned fields, cdc/column_versions.py); null for a column added later.
+    columns = [silver_values(conv, children, n) for conv in converters]
     deleted = pc.equal(op, "d")
     return pa.Table.from_arrays([
         *columns, op, meta["__lsn"], meta["__commit_lsn"], meta["__ordinal"],
@@ -82,7 +80,9 @@ def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation
     value of columns listed in ``__toast_unchanged``, and inserts new keys.
     """
     table = ensure_table(uri, rows.schema)
-    evolve(table, rows.schema, f"silver {uri}")
+    # A changed column type rewrites silver once; changed field metadata keeps the table's.
+    rows = with_table_metadata(rows, evolve(table, rows.schema, f"silver {uri}",
+                                            cast_changed=True))
     counts = {"deleted_by_truncate": 0, "inserted": 0, "updated": 0}
     props = commit_properties(app_id, version, metadata)
     if truncate_seq is not None:

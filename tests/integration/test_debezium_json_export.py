@@ -30,10 +30,9 @@ def f(kind: str, name: str, optional: bool = False) -> dict:
     return {"type": kind, "optional": optional, "field": name}
 
 
-NOT_NULL = True
-"""``optional`` of a NOT NULL column. Debezium writes false (EVT-08/09); the capture does not
-yet build its converters with NOT NULL (see docs/debezium-json.md, change requests), so bronze
-and the export say true. ``test_not_null_columns_are_required`` tracks it."""
+NOT_NULL = False
+"""``optional`` of a NOT NULL column: Debezium writes false (EVT-08/09), and so does the
+export (``build_context`` builds NOT NULL columns' converters required)."""
 
 KEY_SCHEMA = {"type": "struct", "fields": [f("int32", "id", NOT_NULL)], "optional": False,
               "name": "PostgreSQL_server.public.customers.Key"}
@@ -175,14 +174,6 @@ def test_customers_events_have_debezium_layout(captured):
     assert tomb.key == delete.key and tomb.value is None
 
 
-NOT_NULL_PENDING = pytest.mark.xfail(
-    strict=True,
-    reason="build_context does not yet give NOT NULL columns required schemas: it needs the "
-           "stream hook and a schema evolution that accepts changed field metadata (change "
-           "requests 1 and 3 in docs/debezium-json.md); remove this marker when it does")
-
-
-@NOT_NULL_PENDING
 def test_not_null_columns_are_required(captured):
     """EVT-08/09: Debezium's schemas of NOT NULL columns (and so of primary keys) are
     required."""
@@ -194,7 +185,6 @@ def test_not_null_columns_are_required(captured):
         f("string", "email")]
 
 
-@NOT_NULL_PENDING
 def test_delete_before_image_has_not_null_fallbacks(captured):
     """EVT-23 under REPLICA IDENTITY DEFAULT: the key, and the other (NOT NULL) columns as
     their type's zero, as Debezium's ``convertValue`` writes them."""

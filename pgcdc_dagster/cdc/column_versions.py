@@ -1,0 +1,241 @@
+"""Versioned bronze fields: how a column whose type changes keeps its history in bronze.
+
+Bronze is append-only and stays reader v1 / writer v2, so a field's Delta type can never
+change in place, and a value stored under one Debezium encoding must never be re-read under
+another. When a column's encoding changes (``ALTER COLUMN ... TYPE``, issue 4 item 3), the
+events after the change store the column in a new bronze field ``<column>__v<n>`` (n = 2,
+3, ...), whose metadata names the column (``pgcdc.column``); the old field keeps the old
+events' values untouched. The choice is a pure function of the bronze schema, so every run
+(snapshot, stream, silver, export) picks the same field:
+
+* the column's newest field (``<column>``, then ``__v2``, ...) is reused when it is
+  :func:`compatible` with the column's current encoding;
+* otherwise a field numbered one above the newest is created.
+
+Compatible means that the old values decode to the same thing under the new schema: the same
+Arrow storage type, the same Debezium semantic name, the same decoding parameters
+(``scale``, Bits ``length``, ``masked``). Metadata that does not change the decoding (a
+``varchar`` length, ``connect.decimal.precision``, enum labels, propagated source types, NOT
+NULL) keeps the field. So ``numeric(10,2) -> numeric(12,2)`` stays in place, while
+``int -> bigint``, ``int -> text`` and ``numeric(10,2) -> numeric(12,4)`` get a new field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc_dagster.cdc.typeconv import ColumnConverter
+
+COLUMN_META = b"pgcdc.column"
+"""Field metadata key naming the source column of a versioned field."""
+_VERSIONED = re.compile(r"^(?P<column>.+)__v(?P<n>[0-9]+)$")
+_NEUTRAL_PARAMS = ("connect.decimal.precision", "allowed", "truncateLength")
+_NEUTRAL_PREFIX = "__debezium.source.column."
+
+
+def versioned_name(column: str, version: int) -> str:
+    """``<column>__v<n>`` (version 1 is the column's own name)."""
+    return column if version <= 1 else f"{column}__v{version}"
+
+
+def column_of(field: pa.Field) -> str:
+    """The source column a bronze field stores (its own name unless it is versioned)."""
+    raw = (field.metadata or {}).get(COLUMN_META)
+    return raw.decode() if raw is not None else str(field.name)
+
+
+def version_of(field: pa.Field) -> int:
+    """1 for a column's own field, n for ``<column>__v<n>``."""
+    if (field.metadata or {}).get(COLUMN_META) is None:
+        return 1
+    match = _VERSIONED.match(field.name)
+    return int(match.group("n")) if match else 1
+
+
+def versions(fields: Iterable[pa.Field], column: str) -> list[pa.Field]:
+    """The bronze fields of ``column``, oldest first."""
+    found = [f for f in fields if column_of(f) == column]
+    return sorted(found, key=version_of)
+
+
+def same_storage(a: pa.DataType, b: pa.DataType) -> bool:
+    """Equal Arrow types, nested nullability and metadata ignored."""
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return a.num_fields == b.num_fields and all(
+            a.field(i).name == b.field(i).name and same_storage(a.field(i).type, b.field(i).type)
+            for i in range(a.num_fields))
+    for pred in (pa.types.is_list, pa.types.is_large_list):
+        if pred(a) and pred(b):
+            return same_storage(a.value_type, b.value_type)
+    if pa.types.is_map(a) and pa.types.is_map(b):
+        return same_storage(a.key_type, b.key_type) and same_storage(a.item_type, b.item_type)
+    return bool(a == b)
+
+
+def _meta(field: pa.Field, key: str) -> str | None:
+    raw = (field.metadata or {}).get(key.encode())
+    return raw.decode() if raw is not None else None
+
+
+def _decoding_params(field: pa.Field) -> dict[str, Any]:
+    params = json.loads(_meta(field, "debezium.parameters") or "{}")
+    return {k: v for k, v in params.items()
+            if k not in _NEUTRAL_PARAMS and not k.startswith(_NEUTRAL_PREFIX)}
+
+
+def _nested_schema_key(field: pa.Field) -> object:
+    """The decoding-relevant part of nested schemas (array items, struct fields)."""
+    raw = _meta(field, "debezium.schema")
+    if raw is None:
+        return None
+
+    def strip(schema: Any) -> Any:
+        if isinstance(schema, dict):
+            out = {k: strip(v) for k, v in schema.items()
+                   if k not in ("optional", "default", "doc", "field")}
+            params = {k: v for k, v in (schema.get("parameters") or {}).items()
+                      if k not in _NEUTRAL_PARAMS and not k.startswith(_NEUTRAL_PREFIX)}
+            out.pop("parameters", None)
+            if params:
+                out["parameters"] = params
+            return out
+        if isinstance(schema, list):
+            return [strip(v) for v in schema]
+        return schema
+
+    return strip(json.loads(raw))
+
+
+def compatible(old: pa.Field, new: pa.Field) -> bool:
+    """True when values stored under ``old`` read the same under ``new`` (see module doc)."""
+    if not same_storage(old.type, new.type):
+        return False
+    if _meta(old, "debezium.name") != _meta(new, "debezium.name"):
+        return False
+    if _decoding_params(old) != _decoding_params(new):
+        return False
+    return _nested_schema_key(old) == _nested_schema_key(new)
+
+
+def assign_field(column: str, field: pa.Field, committed: Sequence[pa.Field],
+                 pending: Sequence[pa.Field] = ()) -> str:
+    """The bronze field name that stores ``column`` encoded as ``field``.
+
+    Args:
+        column: The source column.
+        field: The column's bronze field under its current encoding.
+        committed: The fields of bronze's ``after`` struct (the committed schema).
+        pending: Fields already chosen in this run but not committed yet.
+    """
+    have = versions(committed, column)
+    if have and compatible(have[-1], field):
+        return str(have[-1].name)
+    chosen = versions(pending, column)
+    for f in reversed(chosen):
+        if compatible(f, field):
+            return str(f.name)
+    if not have and not chosen:
+        return column
+    newest = max(version_of(f) for f in (*have, *chosen))
+    return versioned_name(column, newest + 1)
+
+
+class VersionedConverter:
+    """A converter whose bronze field is a versioned name (``<column>__v<n>``).
+
+    Everything but the bronze field's name (and its ``pgcdc.column`` metadata) is the wrapped
+    converter's: the values, the silver field, the Debezium schema (whose ``field`` stays the
+    column's name). ``superseded`` holds converters of the column's older bronze fields,
+    newest first, so silver can read every event's value from the field it was written to.
+    Picklable (Spark snapshot tasks carry converters).
+    """
+
+    dropped = False
+
+    def __init__(self, base: ColumnConverter, name: str,
+                 superseded: Sequence[ColumnConverter] = ()) -> None:
+        self.base = base
+        self.column = column_of(base.bronze_field)
+        meta = dict(base.bronze_field.metadata or {})
+        if name != self.column:
+            meta[COLUMN_META] = self.column.encode()
+        self.bronze_field = pa.field(name, base.bronze_field.type, base.bronze_field.nullable,
+                                     metadata=meta)
+        self.silver_field = base.silver_field
+        self.superseded = tuple(superseded)
+
+    def __repr__(self) -> str:
+        return f"VersionedConverter({self.bronze_field.name!r}, {self.base!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base":  # during unpickling, before __dict__ is restored
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def to_bronze(self, text: pa.Array) -> pa.Array:
+        return self.base.to_bronze(text)
+
+    def to_silver(self, text: pa.Array) -> pa.Array:
+        return self.base.to_silver(text)
+
+    def from_bronze(self, values: pa.Array | pa.ChunkedArray) -> pa.Array:
+        return self.base.from_bronze(values)
+
+    def bronze_fallback(self) -> pa.Scalar:
+        return self.base.bronze_fallback()
+
+    def bronze_placeholder(self) -> pa.Scalar | None:
+        return self.base.bronze_placeholder()
+
+    def to_json(self, value: object) -> object:
+        return self.base.to_json(value)
+
+    def connect_schema(self) -> dict[str, Any]:
+        return self.base.connect_schema()
+
+
+def renamed(conv: ColumnConverter, name: str,
+            superseded: Sequence[ColumnConverter] = ()) -> ColumnConverter:
+    """``conv`` storing its bronze values in field ``name`` (itself when nothing changes)."""
+    if name == conv.bronze_field.name and not superseded:
+        return conv
+    base = conv.base if isinstance(conv, VersionedConverter) else conv
+    return VersionedConverter(base, name, superseded)
+
+
+def superseded_of(conv: ColumnConverter) -> tuple[ColumnConverter, ...]:
+    """The converters of a column's older bronze fields, newest first (none if unversioned)."""
+    return tuple(getattr(conv, "superseded", ()))
+
+
+def silver_values(conv: ColumnConverter, children: Mapping[str, pa.Array], n: int) -> pa.Array:
+    """The silver values of one column from a batch of bronze images.
+
+    Each event's value is in the bronze field it was written to: the converter's own field,
+    or (events from before a type change) one of its superseded fields, decoded with that
+    field's converter and cast to the current silver type. An event has a value in exactly
+    one of them, so the first non-null wins. A column added after the events reads null.
+    """
+    # Imported here: silver_values depends on typeconv only, but keeps this module light.
+    from pgcdc_dagster.cdc.silver_values import from_bronze
+
+    target = conv.silver_field.type
+    name = conv.bronze_field.name
+    out = from_bronze(conv, children[name]) if name in children else pa.nulls(n, target)
+    for old in superseded_of(conv):
+        field = old.bronze_field.name
+        if field not in children:
+            continue
+        older = from_bronze(old, children[field])
+        if older.null_count == len(older):
+            continue
+        if older.type != target:
+            older = older.cast(target, safe=True)
+        out = pc.coalesce(out, older)
+    return out

@@ -1,0 +1,143 @@
+"""The bronze schema history, keyed by LSN (issue 4 item 3).
+
+One Delta table beside bronze, ``<lakehouse>/bronze/_pgcdc/schema_history``, holds a row per
+shape change of a captured table: from position ``(lsn, ordinal)`` on (bronze's
+``__commit_lsn`` / ``__ordinal`` order), the table's events have the columns listed in
+``columns`` (a JSON list of ``{"name", "field", "key", "schema"}``: the source column, the
+bronze field holding its value (see ``cdc/column_versions.py``), whether it is a key column,
+and its Kafka Connect schema as Debezium wrote it then). The shape of an event is the entry
+with the greatest position at or before the event.
+
+Entries are written before the bronze commit of the events they describe, and only when the
+shape differs from the one in force there, so a replay after a crash writes nothing new (or
+a harmless duplicate). The export (``export.py``) reads it to give each event the schema of
+its time, and to put a versioned field's value back under its column's name.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import write_deltalake
+
+from pgcdc_dagster.cdc.changes import Relation
+from pgcdc_dagster.cdc.typeconv import ColumnConverter
+from pgcdc_dagster.lake.delta import ensure_table, open_table
+from pgcdc_dagster.lake.paths import table_uri
+
+HISTORY_SCHEMA = pa.schema([
+    pa.field("schema", pa.string(), nullable=False),
+    pa.field("table", pa.string(), nullable=False),
+    pa.field("lsn", pa.int64(), nullable=False),
+    pa.field("ordinal", pa.int64(), nullable=False),
+    pa.field("shape_id", pa.string(), nullable=False),
+    pa.field("columns", pa.string(), nullable=False),
+    pa.field("recorded_ms", pa.int64(), nullable=False),
+])
+
+
+def history_uri(lakehouse: str) -> str:
+    """Where the schema history of a lakehouse lives."""
+    return table_uri(lakehouse, "bronze", "_pgcdc", "schema_history")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The columns of a table's events, as the schema history records them."""
+
+    columns: str
+    """JSON list of ``{"name", "field", "key", "schema"}``."""
+    shape_id: str
+
+    @classmethod
+    def of(cls, relation: Relation, converters: Sequence[ColumnConverter]) -> Shape:
+        cols = []
+        for col, conv in zip(relation.columns, converters, strict=True):
+            schema = dict(conv.connect_schema())
+            schema.pop("field", None)
+            cols.append({"name": col.name, "field": conv.bronze_field.name,
+                         "key": col.is_key, "schema": schema})
+        text = json.dumps(cols, separators=(",", ":"), sort_keys=True)
+        return cls(text, hashlib.sha256(text.encode()).hexdigest()[:24])
+
+    def parsed(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.columns))
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One history row: the shape in force from ``(lsn, ordinal)`` on."""
+
+    lsn: int
+    ordinal: int
+    shape: Shape
+
+
+def read_history(uri: str, schema: str, table: str) -> list[Entry]:
+    """The entries of one table, oldest position first (duplicates collapsed)."""
+    delta = open_table(uri)
+    if delta is None:
+        return []
+    data = delta.to_pyarrow_table()
+    mine = data.filter(pc.and_(pc.equal(data["schema"], schema), pc.equal(data["table"], table)))
+    rows = sorted(mine.to_pylist(), key=lambda r: (r["lsn"], r["ordinal"], r["recorded_ms"]))
+    out: list[Entry] = []
+    for r in rows:
+        entry = Entry(int(r["lsn"]), int(r["ordinal"]), Shape(r["columns"], r["shape_id"]))
+        if out and (out[-1].lsn, out[-1].ordinal) == (entry.lsn, entry.ordinal):
+            out[-1] = entry  # the later recording wins at the same position
+        elif not out or out[-1].shape.shape_id != entry.shape.shape_id:
+            out.append(entry)
+    return out
+
+
+def shape_at(entries: Sequence[Entry], lsn: int, ordinal: int) -> Entry | None:
+    """The entry in force at ``(lsn, ordinal)`` (None before the first entry)."""
+    keys = [(e.lsn, e.ordinal) for e in entries]
+    i = bisect.bisect_right(keys, (lsn, ordinal))
+    return entries[i - 1] if i else None
+
+
+class HistoryRecorder:
+    """Records a table's shapes as events are written (cached; one Delta read per run).
+
+    Picklable only before first use; contexts carry one, the driver uses it.
+    """
+
+    def __init__(self, uri: str, schema: str, table: str) -> None:
+        self.uri = uri
+        self.schema = schema
+        self.table = table
+        self._entries: list[Entry] | None = None
+
+    def entries(self) -> list[Entry]:
+        if self._entries is None:
+            self._entries = read_history(self.uri, self.schema, self.table)
+        return self._entries
+
+    def record(self, shape: Shape, lsn: int, ordinal: int) -> bool:
+        """Write an entry when ``shape`` is not the one in force at the position."""
+        if not self.uri:
+            return False
+        entries = self.entries()
+        current = shape_at(entries, lsn, ordinal)
+        if current is not None and current.shape.shape_id == shape.shape_id:
+            return False
+        row = pa.Table.from_pylist([{
+            "schema": self.schema, "table": self.table, "lsn": int(lsn),
+            "ordinal": int(ordinal), "shape_id": shape.shape_id, "columns": shape.columns,
+            "recorded_ms": int(time.time() * 1000)}], schema=HISTORY_SCHEMA)
+        ensure_table(self.uri, HISTORY_SCHEMA)
+        write_deltalake(self.uri, row, mode="append")
+        entry = Entry(int(lsn), int(ordinal), shape)
+        keys = [(e.lsn, e.ordinal) for e in entries]
+        entries.insert(bisect.bisect_right(keys, (entry.lsn, entry.ordinal)), entry)
+        return True
