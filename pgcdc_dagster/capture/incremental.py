@@ -199,7 +199,7 @@ class _Driver:
         if upto is not None and int(upto) < int(end):
             return
         p.confirm_pending()
-        self.store.save(p)
+        self._save(p)
         self.awaiting = None
         crash_point("incremental_after_progress")
 
@@ -209,6 +209,18 @@ class _Driver:
             return "stopped"  # replaced by a newer execute-snapshot or removed
         p.status = on_disk.status if on_disk.status in ("paused", "stopped") else p.status
         return p.status
+
+    def _save(self, p: TableProgress) -> None:
+        """Save the run's progress without undoing a signal applied meanwhile: a pause or
+        stop written while a chunk was in flight is kept (unless the snapshot just finished),
+        and a snapshot replaced by a newer execute-snapshot is not overwritten."""
+        on_disk = self.store.load(p.table)
+        if on_disk is not None and on_disk.snapshot_id != p.snapshot_id:
+            return
+        if on_disk is not None and p.status != "done" and on_disk.status in ("paused",
+                                                                             "stopped"):
+            p.status = on_disk.status
+        self.store.save(p)
 
     def start_next(self) -> None:
         """Emit LW, read the next chunk, emit HW (or finish tables that are done)."""
@@ -221,10 +233,10 @@ class _Driver:
             if not p.planned:
                 p.max_key = max_key(self.conn, spec)
                 p.planned = True
-                self.store.save(p)
+                self._save(p)
             if p.max_key is None:
                 p.status = "done"
-                self.store.save(p)
+                self._save(p)
                 self.queue.pop(0)
                 continue
             # The chunk before may still wait for its window's commit (p.pending).
@@ -246,7 +258,7 @@ class _Driver:
                     p.pending["final"] = True
                 else:
                     p.status = "done"
-                self.store.save(p)
+                self._save(p)
                 self.queue.pop(0)
                 continue
             self.current = (p, window, spec, meta)
@@ -270,7 +282,7 @@ class _Driver:
                      "final": meta["final"]}
         p.seconds += time.monotonic() - self.started
         self.started = time.monotonic()
-        self.store.save(p)
+        self._save(p)
         self.awaiting = (p, end)
         self.current = None
         self.progress(f"incremental snapshot {p.table}: chunk {chunk.chunk} "
