@@ -78,8 +78,8 @@ def apply_silver(ctx: TableContext, spark: SparkSession,
     silver_rows = silver_from_images(image, rows.column("op").combine_chunks(), meta_cols,
                                      ctx.relation, ctx.converters)
     counts = merge_batch(ctx.silver_uri, silver_rows,
-                         rows.column("__toast_unchanged").combine_chunks(),
-                         relation=ctx.relation, toastable=ctx.toastable,
+                         ctx.silver_names(rows.column("__toast_unchanged").combine_chunks()),
+                         relation=ctx.relation, toastable=ctx.silver_toastable,
                          app_id=ctx.silver_app_id, version=target,
                          truncate_seq=batch.truncate_seq, metadata=meta)
     return SilverReport(ctx.name, applied, target, batch.events, rows.num_rows, counts,

@@ -77,6 +77,23 @@ class TableContext:
         return toastable_columns(self.relation, self.converters)
 
     @property
+    def silver_toastable(self) -> list[str]:
+        """:attr:`toastable` as silver column names (a versioned bronze field's column)."""
+        names = self._bronze_to_silver()
+        return [names.get(n, n) for n in self.toastable]
+
+    def silver_names(self, unchanged: pa.Array) -> pa.Array:
+        """``__toast_unchanged`` lists (bronze field names) as silver column names."""
+        names = self._bronze_to_silver()
+        if all(k == v for k, v in names.items()):
+            return unchanged
+        return pa.array([None if row is None else [names.get(n, n) for n in row]
+                         for row in unchanged.to_pylist()], pa.list_(pa.string()))
+
+    def _bronze_to_silver(self) -> dict[str, str]:
+        return {c.bronze_field.name: c.silver_field.name for c in self.converters}
+
+    @property
     def captured_positions(self) -> tuple[int, ...]:
         return tuple(range(len(self.relation.columns)))
 

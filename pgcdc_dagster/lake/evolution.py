@@ -176,12 +176,23 @@ def rewrite_cast(table: DeltaTable, incoming: pa.Schema, what: str) -> None:
                     columns.append(column if column.type == field.type
                                    else column.cast(field.type, safe=True))
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    failed.append(exc)
                     raise SchemaChangeError(
                         f"{what}: column {field.name} changed type to {field.type} and a "
                         f"stored value does not convert ({exc}). Re-snapshot the table "
                         "(snapshot.mode = always) to rebuild its silver.") from exc
             yield pa.RecordBatch.from_arrays(columns, schema=target)
 
+    failed: list[Exception] = []
     reader = pa.RecordBatchReader.from_batches(target, batches())
-    write_deltalake(table, reader, mode="overwrite", schema_mode="overwrite")
+    try:
+        write_deltalake(table, reader, mode="overwrite", schema_mode="overwrite")
+    except Exception as exc:
+        if not failed:
+            raise
+        # delta-rs wraps the reader's error: give the caller ours.
+        raise SchemaChangeError(
+            f"{what}: a column changed type and a stored value does not convert "
+            f"({failed[0]}). Re-snapshot the table (snapshot.mode = always) to rebuild its "
+            "silver.") from exc
     table.update_incremental()
