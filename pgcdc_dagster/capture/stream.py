@@ -8,6 +8,11 @@ Each window (design.md §3, decisions 2–3; STR- items):
    recording ``upto`` as the table's Delta app transaction;
 4. only then advance the slot to ``upto``.
 Silver catches up from bronze after the windows.
+
+A window's events reach the bronze writer in portions of ``window_portion_changes`` while
+the COPY still streams (``peek_window(..., on_portion=...)``), so a transaction of millions
+of rows is converted and written as bounded part files; they are committed only once the
+whole window was read (a failed read leaves uncommitted orphans, never partial windows).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.postgres.catalog import load_types
-from pgcdc_dagster.postgres.connection import connection
+from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.peek import peek_window
 from pgcdc_dagster.postgres.slot import (
     advance_slot,
@@ -75,20 +80,32 @@ class StreamReport:
 
 
 class _ConverterCache:
-    """Converters per relation shape (a Relation message may change the shape mid-stream)."""
+    """Converters per relation shape (a Relation message may change the shape mid-stream).
 
-    def __init__(self, conn: psycopg2.extensions.connection, settings: CaptureSettings) -> None:
-        self._conn = conn
+    Types are looked up on a connection of its own, opened at the first miss: portions reach
+    the bronze writer while the window's COPY still occupies the peek connection.
+    """
+
+    def __init__(self, dsn: str, settings: CaptureSettings) -> None:
+        self._dsn = dsn
+        self._conn: psycopg2.extensions.connection | None = None
         self._settings = settings
         self._cache: dict[Relation, list[ColumnConverter]] = {}
 
     def get(self, relation: Relation) -> list[ColumnConverter]:
         convs = self._cache.get(relation)
         if convs is None:
+            if self._conn is None:
+                self._conn = connect(self._dsn)
             types = load_types(self._conn, {c.type_oid for c in relation.columns})
             convs = converters_for(relation.columns, types, self._settings.modes)  # type: ignore[arg-type]
             self._cache[relation] = convs
         return convs
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 HEARTBEAT_PREFIX = "pgcdc.heartbeat"
@@ -153,7 +170,7 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
         heartbeat(conn, settings)
         position = info.confirmed_flush_lsn
         report.start = position
-        cache = _ConverterCache(conn, settings)
+        cache = _ConverterCache(settings.dsn, settings)
         writer = BronzeWindowWriter(
             by_name, cache.get, ident, settings.lakehouse, settings.app_prefix,
             skipped_ops=skipped, tombstones_on_delete=settings.tombstones_on_delete,
@@ -169,8 +186,12 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                 upto = Lsn(min(int(flushed), int(position) + settings.window_max_bytes))
                 w_started = time.monotonic()
                 cap = settings.window_max_changes or None
+                # Portions: a huge transaction reaches bronze in bounded pieces while the
+                # COPY still streams. Not with a hook: it must see the whole window.
+                portion = settings.window_portion_changes if hook is None else 0
                 window = peek_window(conn, settings.slot, settings.publication, upto,
-                                     upto_nchanges=cap)
+                                     upto_nchanges=cap, portion_changes=portion or None,
+                                     on_portion=writer.add if portion else None)
                 crash_point("after_decode")
                 end = window_end(window, upto, cap)
                 if hook is not None:
@@ -187,6 +208,7 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                 position = end
         finally:
             writer.close()
+            cache.close()
         report.end = position
         final = require_usable_slot(conn, settings.slot)
         report.slot_lag_bytes = final.lag_bytes
