@@ -52,6 +52,7 @@ from pgcdc_dagster.capture.snapshot_state import (
     progress_uri,
 )
 from pgcdc_dagster.capture.tables import TableContext, build_context
+from pgcdc_dagster.cdc.column_options import parse_column_options
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError
@@ -131,7 +132,8 @@ def load_contexts(settings: CaptureSettings) -> list[TableContext]:
     """Check the server, resolve the include list and build every table's context."""
     with connection(settings.dsn) as conn:
         check_server(conn)
-        relations = resolve_tables(conn, settings.include, settings.exclude)
+        key_for = parse_column_options(tuple(settings.column_options)).key_for
+        relations = resolve_tables(conn, settings.include, settings.exclude, key_for=key_for)
         return [build_context(conn, r, settings) for r in relations]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg2.extensions
 
@@ -78,17 +78,24 @@ def compile_patterns(patterns: Sequence[str], setting: str) -> list[str]:
     return out
 
 
+KeyFor = Callable[[str, str, Sequence[str]], Sequence[str] | None]
+"""``message.key.columns`` lookup: (schema, table, column names) -> key columns or None."""
+
+
 def resolve_tables(conn: psycopg2.extensions.connection, include: Sequence[str],
-                   exclude: Sequence[str] = ()) -> list[Relation]:
+                   exclude: Sequence[str] = (), *, key_for: KeyFor | None = None
+                   ) -> list[Relation]:
     """Return the captured tables, in name order, as relations whose key flags mark the key.
 
     Patterns are Debezium ``table.include.list`` / ``table.exclude.list`` regular expressions
-    matched against ``schema.table``. An empty include list captures every table.
+    matched against ``schema.table``. An empty include list captures every table. A table
+    with neither a primary key nor a replica identity index is keyed by ``key_for``
+    (``message.key.columns``) when it names columns of the table.
 
     Raises:
         TableNotFoundError: an include pattern matches no table.
         MissingPrimaryKeyError: a matched table has neither a primary key nor a replica
-            identity index, so current state cannot be keyed.
+            identity index nor ``message.key.columns``, so current state cannot be keyed.
     """
     include = compile_patterns(include, "PGCDC_TABLES (table.include.list)")
     exclude = compile_patterns(exclude, "table.exclude.list")
@@ -108,13 +115,14 @@ def resolve_tables(conn: psycopg2.extensions.connection, include: Sequence[str],
             continue
         if _matches(exclude, schema, table):
             continue
-        relations.append(describe_table(conn, oid, schema, table, ident))
+        relations.append(describe_table(conn, oid, schema, table, ident, key_for=key_for))
     return relations
 
 
 def describe_table(conn: psycopg2.extensions.connection, oid: int, schema: str, table: str,
-                   replica_identity: str) -> Relation:
-    """Build a Relation for one table from the catalog, key columns flagged."""
+                   replica_identity: str, *, key_for: KeyFor | None = None) -> Relation:
+    """Build a Relation for one table from the catalog, key columns flagged (a keyless
+    table's from ``key_for``, ``message.key.columns``)."""
     with conn.cursor() as cur:
         cur.execute(_KEY_SQL, (oid,))
         key_rows = cur.fetchall()
@@ -122,12 +130,15 @@ def describe_table(conn: psycopg2.extensions.connection, oid: int, schema: str, 
         cols = cur.fetchall()
     has_pk = any(primary for primary, _ in key_rows)
     key = [name for primary, name in key_rows if primary == has_pk]
+    if not key and key_for is not None:
+        key = list(key_for(schema, table, [str(c[0]) for c in cols]) or ())
     if not key:
         raise MissingPrimaryKeyError(
             f"table {schema}.{table} has no primary key, so its current state cannot be keyed. "
             f"Fix: add one (ALTER TABLE {schema}.{table} ADD PRIMARY KEY (...)), or set REPLICA "
-            "IDENTITY USING INDEX on a unique index of NOT NULL columns, or exclude the table "
-            "from PGCDC_TABLES."
+            "IDENTITY USING INDEX on a unique index of NOT NULL columns, or name its key in "
+            "message.key.columns (with REPLICA IDENTITY FULL), or exclude the table from "
+            "PGCDC_TABLES."
         )
     key_set = set(key)
     columns = tuple(Column(name, int(typ), int(mod), name in key_set) for name, typ, mod in cols)
