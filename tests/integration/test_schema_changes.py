@@ -62,6 +62,12 @@ def test_add_drop_rename_columns_mid_stream(pg_dsn, pg_conn, spark, lakehouse) -
     assert silver[2]["title"] == "renamed"
     assert silver[11]["a"] == "a11" and silver[11]["title"] is None
     assert silver[3]["__deleted"] and silver[21]["c"] is not None
+    # The export gives each event the columns of its time (schema history keyed by LSN).
+    shapes = [[f["field"] for f in r.value["schema"]["fields"][1]["fields"]]
+              for r in export_table(str(lakehouse), "public", "s")]
+    assert shapes[0] == ["id", "a", "b"] and shapes[20] == ["id", "a", "b"]  # r, first u
+    assert ["id", "a", "b", "c"] in shapes and ["id", "a", "c"] in shapes
+    assert shapes[-1] == ["id", "title", "c"]
     with pg_conn.cursor() as cur:
         cur.execute("UPDATE s SET title = title")  # touch every row: silver converges
     run_bronze(settings, spark, force_snapshot_step=False)
