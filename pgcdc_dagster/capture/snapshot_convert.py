@@ -4,21 +4,27 @@ Each column is converted once, to its bronze (Debezium) encoding; its silver val
 from that bronze value (``from_bronze``), which the converters guarantee equals
 ``to_silver`` of the text and is cheaper than converting the text a second time. Values
 that every row of a snapshot shares (the ``source`` block, ``op``, the sequence) are built
-as repeated constants, and the Parquet files are written with dictionary encoding only where
-it pays (constant and low-cardinality columns) and statistics only where Delta uses them.
+as constants, and the Parquet files are written with dictionary encoding only where it pays
+(constant and low-cardinality columns) and statistics only where Delta uses them.
+
+A constant column is an Arrow dictionary array (one value, all indices 0), which the Parquet
+writer stores as its dictionary page and index runs without hashing every value; the file's
+Parquet schema is the plain one (the Arrow schema is not embedded, so no reader sees a
+dictionary type), and Delta reads the files with the table's schema as usual.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pgcdc_dagster.capture.snapshot_fastpath import fast_convert
 from pgcdc_dagster.cdc.changes import Relation
-from pgcdc_dagster.cdc.envelope import CONNECTOR_VERSION, SOURCE_TYPE, SourceIdentity, relaxed
+from pgcdc_dagster.cdc.envelope import CONNECTOR_VERSION, SourceIdentity, relaxed
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 
 SNAPSHOT_MARKERS = ("true", "first", "first_in_data_collection", "last_in_data_collection",
@@ -32,24 +38,57 @@ LOW_CARDINALITY = 0.05
 this fraction of its rows."""
 
 
-def _repeat(value: Any, n: int, typ: pa.DataType) -> pa.Array:
-    if value is None:
-        return pa.nulls(n, typ)
-    return pa.repeat(pa.scalar(value, typ), n)
+INDEX = pa.int32()
+
+
+def _dictionary(values: pa.Array, indices: np.ndarray) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(indices, INDEX), values)
+
+
+def _dictionary_type(typ: pa.DataType) -> bool:
+    """Parquet has no dictionary encoding for booleans."""
+    return not pa.types.is_boolean(typ)
 
 
 class _Constants:
-    """Repeated constants, built once per converter and sliced (zero-copy) per row group."""
+    """Constant columns as one-value dictionary arrays, built once per converter and sliced
+    (zero-copy) per row group; all-null columns as null arrays."""
 
     def __init__(self) -> None:
+        self._zeros = np.zeros(0, dtype=np.int32)
         self._cache: dict[tuple[Any, pa.DataType], pa.Array] = {}
 
     def __call__(self, value: Any, n: int, typ: pa.DataType) -> pa.Array:
+        if value is None:
+            return pa.nulls(n, typ)
+        if not _dictionary_type(typ):
+            return pa.repeat(pa.scalar(value, typ), n)
+        if len(self._zeros) < n:
+            self._zeros = np.zeros(n, dtype=np.int32)
+            self._cache.clear()
         key = (value, typ)
         array = self._cache.get(key)
-        if array is None or len(array) < n:
-            array = self._cache[key] = _repeat(value, n, typ)
+        if array is None:
+            array = self._cache[key] = _dictionary(pa.array([value], typ), self._zeros)
         return array if len(array) == n else array.slice(0, n)
+
+
+def _writer_field(field: pa.Field, constant: set[str], prefix: str = "") -> pa.Field:
+    """The field with the constant leaves (dotted paths) typed as dictionaries."""
+    path = f"{prefix}{field.name}"
+    if pa.types.is_struct(field.type):
+        children = [_writer_field(field.type.field(i), constant, path + ".")
+                    for i in range(field.type.num_fields)]
+        return field.with_type(pa.struct(children))
+    if path in constant and _dictionary_type(field.type):
+        return field.with_type(pa.dictionary(INDEX, field.type))
+    return field
+
+
+def writer_schema(schema: pa.Schema, constant: Sequence[str]) -> pa.Schema:
+    """The Arrow schema a Parquet writer receives: ``constant`` leaves as dictionaries."""
+    paths = set(constant)
+    return pa.schema([_writer_field(f, paths) for f in schema], metadata=schema.metadata)
 
 
 def _leaves(field: pa.Field, prefix: str = "") -> list[str]:
@@ -88,12 +127,27 @@ class ChunkConverter:
         self._relaxed = [relaxed(c.bronze_field).type for c in converters]
         self._dictionary: list[str] | None = None
         self._const = _Constants()
+        self.bronze_writer_schema = writer_schema(bronze_schema, self._bronze_constant())
+        """The bronze file's Arrow schema (constant columns as dictionaries)."""
+        self.silver_writer_schema = writer_schema(silver_schema, self._silver_constant())
+        self._w_source = self.bronze_writer_schema.field("source").type
+        self._markers_type = self._w_source.field("snapshot").type
+
+    def _bronze_constant(self) -> list[str]:
+        nulls = {"before", "transaction", "__toast_unchanged", "source.txId", "source.xmin"}
+        return [p for f in self.bronze_schema if f.name not in ("key", "after", "before")
+                for p in _leaves(f) if p not in nulls and p.split(".")[0] not in nulls]
+
+    def _silver_constant(self) -> list[str]:
+        made = {"__op", "__lsn", "__commit_lsn", "__ordinal", "__source_ts_ms", "__deleted"}
+        return [name for name in self._silver_meta if name in made]
 
     # Parquet options -------------------------------------------------------------------
 
     def _options(self, schema: pa.Schema, dictionary: list[str]) -> dict[str, Any]:
         return {"compression": COMPRESSION, "compression_level": COMPRESSION_LEVEL,
-                "use_dictionary": dictionary, "write_statistics": _flat_stats(schema)}
+                "use_dictionary": dictionary, "write_statistics": _flat_stats(schema),
+                "store_schema": False}
 
     @property
     def bronze_options(self) -> dict[str, Any]:
@@ -146,7 +200,7 @@ class ChunkConverter:
         key = pa.StructArray.from_arrays([by_name[k] for k in key_names],
                                          fields=list(self._key_type))
         const = self._const
-        marker = _markers(n, first_marker, last_marker, const)
+        marker = _markers(n, first_marker, last_marker, self._markers_type)
         ms, lsn, string, int64 = self.processed_ms, self.lsn, pa.string(), pa.int64()
         source = pa.StructArray.from_arrays([
             const(CONNECTOR_VERSION, n, string), const("postgresql", n, string),
@@ -155,15 +209,15 @@ class ChunkConverter:
             const(ms * 1000, n, int64), const(self.relation.namespace, n, string),
             const(self.relation.name, n, string), pa.nulls(n, int64), const(lsn, n, int64),
             pa.nulls(n, int64),
-        ], fields=list(SOURCE_TYPE))
+        ], fields=list(self._w_source))
         bronze_values: dict[str, pa.Array] = {
             "key": key, "after": after, "source": source, "op": const("r", n, string),
             "ts_ms": const(ms, n, int64), "__commit_lsn": const(lsn, n, int64),
             "__ordinal": const(0, n, int64),
         }
         bronze = pa.Table.from_arrays(
-            [_typed(bronze_values.get(f.name), f, n) for f in self.bronze_schema],
-            schema=self.bronze_schema)
+            [_typed(bronze_values.get(f.name), f, n) for f in self.bronze_writer_schema],
+            schema=self.bronze_writer_schema)
         silver_values: dict[str, pa.Array] = {
             "__op": const("r", n, string), "__lsn": const(lsn, n, int64),
             "__commit_lsn": const(lsn, n, int64), "__ordinal": const(0, n, int64),
@@ -172,8 +226,8 @@ class ChunkConverter:
         silver_values.update(zip([c.silver_field.name for c in self.converters], silver_cols,
                                  strict=True))
         silver = pa.Table.from_arrays(
-            [_typed(silver_values.get(f.name), f, n) for f in self.silver_schema],
-            schema=self.silver_schema)
+            [_typed(silver_values.get(f.name), f, n) for f in self.silver_writer_schema],
+            schema=self.silver_writer_schema)
         return bronze, silver
 
 
@@ -183,19 +237,13 @@ def _typed(values: pa.Array | None, field: pa.Field, n: int) -> pa.Array:
     return values if values.type == field.type else values.cast(field.type)
 
 
-def _markers(n: int, first: str | None, last: str | None,
-             const: Callable[[Any, int, pa.DataType], pa.Array]) -> pa.Array:
+def _markers(n: int, first: str | None, last: str | None, typ: pa.DataType) -> pa.Array:
     """``source.snapshot``: "true", with the first/last row markers where given (a single
     row that is both first and last is marked last)."""
-    if first is None and last is None:
-        return const("true", n, pa.string())
-    values = ["true"] * min(n, 2)
-    if first is not None:
-        values[0] = first
-    if last is not None:
-        values[-1] = last
-    if n <= 2:
-        return pa.array(values, pa.string())
-    head = pa.array(values[:1], pa.string())
-    tail = pa.array(values[-1:], pa.string())
-    return pa.concat_arrays([head, const("true", n - 2, pa.string()), tail])
+    indices = np.zeros(n, dtype=np.int32)
+    if first is not None and n:
+        indices[0] = 1
+    if last is not None and n:
+        indices[-1] = 2
+    values = pa.array(["true", first or "true", last or "true"], typ.value_type)
+    return _dictionary(values, indices)

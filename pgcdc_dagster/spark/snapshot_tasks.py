@@ -184,8 +184,10 @@ def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
                           bronze_schema=task.bronze_schema, silver_schema=task.silver_schema,
                           lsn=task.lsn, processed_ms=task.processed_ms)
     name = f"part-{task.file_prefix}-{task.chunk.index:05d}-{uuid.uuid4().hex}.parquet"
-    bronze = _Output(task.bronze_root, name, task.bronze_schema, lambda: conv.bronze_options)
-    silver = _Output(task.silver_root, name, task.silver_schema, lambda: conv.silver_options)
+    bronze = _Output(task.bronze_root, name, conv.bronze_writer_schema,
+                     lambda: conv.bronze_options)
+    silver = _Output(task.silver_root, name, conv.silver_writer_schema,
+                     lambda: conv.silver_options)
     columns = [c.name for c in task.relation.columns]
     query = chunk_query(task.chunk, columns, task.key, task.override)
     pending: list[pa.RecordBatch] = []

@@ -85,6 +85,7 @@ def test_fast_paths_equal_the_converters(precision, pg_dsn, pg_conn, lakehouse) 
     settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), modes=modes)
     ctx, data = _columns(settings, "t")
     _check(ctx, data, expect_fast=True)
+    _check(ctx, data.slice(1000, 2001), expect_fast=True)  # arrays with an offset
     ctx, data = _columns(settings, "odd")
     _check(ctx, data, expect_fast=False)
     for i in range(len(ODD)):  # each odd value alone, and among ordinary ones
