@@ -76,7 +76,9 @@ def main(rows: int) -> None:
                 print(f"chunk {size:>6} writes={'on ' if concurrent else 'off'}: "
                       f"{rate:,.0f} rows/s = {rate / raw:.1%} of raw COPY "
                       f"(emitted {report.tables[0].rows_emitted}, superseded "
-                      f"{report.tables[0].rows_dropped})")
+                      f"{report.tables[0].rows_dropped}; chunk reads "
+                      f"{report.read_seconds / seconds:.0%} of the time, slot windows "
+                      f"{1 - report.read_seconds / seconds:.0%})")
     finally:
         cluster.stop()
 

@@ -30,6 +30,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from pgcdc_dagster.cdc.changes import (
@@ -135,9 +136,11 @@ class ChunkWindow:
         pos = _positions(relation, key_names)
         if pos is None:
             raise ValueError(f"key {key_names} not in {relation.namespace}.{relation.name}")
-        buffered: dict[Key, Row] = {}
-        for row in rows:
-            buffered[tuple(row[p] for p in pos)] = row  # type: ignore[misc]
+        rows = rows if isinstance(rows, list) else list(rows)
+        # Keys at C speed: itemgetter of one position gives the value, zip makes the 1-tuple.
+        keys = map(itemgetter(*pos), rows) if len(pos) > 1 else \
+            zip(map(itemgetter(pos[0]), rows), strict=True)
+        buffered: dict[Key, Row] = dict(zip(keys, rows, strict=True))
         return cls(snapshot_id, table, chunk, relation, tuple(key_names), buffered, low_lsn)
 
     def _is_mine(self, mark: Watermark | None, kind: str) -> bool:
@@ -192,13 +195,22 @@ class ChunkWindow:
         if high is not None:
             result.closed = True
             if self.rows:
-                h = (high.commit_lsn, high.total_order, high.lsn, high.xid or 0,
-                     high.commit_ts_us or 0)
-                result.segments.append(self._segment([(*h, row) for row in self.rows.values()]))
+                result.segments.append(self._survivors(high))
                 result.emitted = len(self.rows)
         result.dropped = self.dropped
         result.truncated = self.truncated
         return result
+
+    def _survivors(self, high: LogicalMessage) -> TableChanges:
+        """The buffered rows as one segment at the high watermark's position (column-wise:
+        every row shares the position)."""
+        n = len(self.rows)
+        return TableChanges(
+            self.relation, op=["r"] * n, commit_lsn=[high.commit_lsn] * n,
+            lsn=[high.lsn] * n, xid=[high.xid or 0] * n,
+            commit_ts_us=[high.commit_ts_us or 0] * n, total_order=[high.total_order] * n,
+            collection_order=[0] * n, before=[None] * n, before_key_only=[False] * n,
+            after=list(self.rows.values()), truncate_options=[0] * n, snapshot=self.snapshot)
 
     def _segment(self, rows: Sequence[tuple[int, int, int, int, int, Row]]) -> TableChanges:
         seg = TableChanges(self.relation, snapshot=self.snapshot)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg2.extensions
+import pyarrow as pa
 from psycopg2 import sql
 
 from pgcdc_dagster.cdc.changes import Row
@@ -139,10 +140,14 @@ def read_chunk(dsn: str, spec: ChunkSpec, after: Sequence[str | None] | None,
     width = len(spec.columns)
     for batch in read_text_batches(dsn, None, chunk_select(spec, after, upto, limit), names,
                                    label=f"incremental snapshot of {spec.schema}.{spec.table}"):
-        cols = [c.to_pylist() for c in batch.columns]
-        for r in zip(*cols, strict=True):
-            rows.append(tuple(None if v is None else v.encode() for v in r[:width]))
-            last = list(r[width:])
+        if not batch.num_rows:
+            continue
+        # Column-wise: string -> binary is zero-copy and to_pylist yields the bytes (None for
+        # NULL) directly; zip builds the row tuples in C.
+        cols = [batch.column(i).cast(pa.binary()).to_pylist() for i in range(width)]
+        rows.extend(zip(*cols, strict=True))
+        last = [batch.column(width + j)[batch.num_rows - 1].as_py()
+                for j in range(len(spec.order))]
     return rows, last
 
 

@@ -185,12 +185,14 @@ def test_webserver_shows_the_graph_and_runs_a_microbatch(server, pg_dsn, pg_conn
         "checks"]} == {"slot_healthy"}
 
     repo = server.graphql(REPOSITORY)["repositoriesOrError"]["nodes"][0]
-    assert {"initial_snapshot", "cdc_microbatch", "capture_checks", "teardown"} <= \
+    assert {"initial_snapshot", "cdc_microbatch", "capture_checks", "teardown",
+            "incremental_snapshot", "incremental_snapshot_signal"} <= \
         {j["name"] for j in repo["jobs"]}
     schedules = {s["name"]: s for s in repo["schedules"]}
     assert schedules["cdc_microbatch_schedule"]["cronSchedule"] == "*/5 * * * *"
     assert schedules["cdc_microbatch_schedule"]["scheduleState"]["status"] == "STOPPED"
-    assert {s["name"] for s in repo["sensors"]} == {"slot_lag_sensor", "table_discovery_sensor"}
+    assert {s["name"] for s in repo["sensors"]} == {"slot_lag_sensor", "table_discovery_sensor",
+                                                   "signal_table_sensor"}
 
     params = {"selector": {"repositoryLocationName": repo["location"]["name"],
                            "repositoryName": repo["name"], "jobName": "cdc_microbatch"},
