@@ -18,6 +18,7 @@ from pgcdc_dagster.cdc.silver_batch import prepare_arrow
 from pgcdc_dagster.lake.bronze_read import count_rows, read_files
 from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files
 from pgcdc_dagster.lake.silver import merge_batch, silver_from_images
+from pgcdc_dagster.lake.silver_lookup import resolve_lookups
 from pgcdc_dagster.spark.silver_batch import prepare
 
 if TYPE_CHECKING:
@@ -77,8 +78,14 @@ def apply_silver(ctx: TableContext, spark: SparkSession,
                  for name in ("__lsn", "__commit_lsn", "__ordinal", "__source_ts_ms")}
     silver_rows = silver_from_images(image, rows.column("op").combine_chunks(), meta_cols,
                                      ctx.relation, ctx.converters)
-    counts = merge_batch(ctx.silver_uri, silver_rows,
-                         ctx.silver_names(rows.column("__toast_unchanged").combine_chunks()),
+    unchanged = rows.column("__toast_unchanged").combine_chunks()
+    if batch.lookups:  # primary-key changes whose TOAST values only silver holds
+        silver_rows, unchanged = resolve_lookups(
+            ctx.silver_uri, silver_rows, unchanged, batch.lookups, relation=ctx.relation,
+            converters=ctx.converters,
+            silver_names={c.bronze_field.name: c.silver_field.name for c in ctx.converters},
+            table=ctx.name)
+    counts = merge_batch(ctx.silver_uri, silver_rows, ctx.silver_names(unchanged),
                          relation=ctx.relation, toastable=ctx.silver_toastable,
                          app_id=ctx.silver_app_id, version=target,
                          truncate_seq=batch.truncate_seq, metadata=meta)
