@@ -26,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import time
-from operator import itemgetter
 from pathlib import Path
 
 import psycopg2
@@ -56,21 +55,20 @@ class CountingSink:
 
 
 def _image_columns(rows: list, names: list[str], prefix: str) -> dict[str, pa.Array]:
-    """One binary column per table column; None rows (no image) become nulls."""
+    """One binary column per table column; None rows (no image) become nulls.
+
+    All columns are built in one pass (the tuples as a struct array, then its fields), which
+    is about twice as fast as one ``pa.array`` per column over ``itemgetter`` lists.
+    """
     if rows.count(None) == len(rows):
         return {}
-    if None in rows:
-        rows = [r if r is not None else (None,) * len(names) for r in rows]
-    out = {}
-    for j, name in enumerate(names):
-        values = list(map(itemgetter(j), rows))
-        try:
-            array = pa.array(values)  # inference: ~15x faster than pa.array(values, pa.binary())
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            values = [None if v is UNCHANGED_TOAST else v for v in values]
-            array = pa.array(values)
-        out[prefix + name] = array if array.type == pa.binary() else array.cast(pa.binary())
-    return out
+    kind = pa.struct([(f"c{j}", pa.binary()) for j in range(len(names))])
+    try:
+        struct = pa.array(rows, kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # unchanged TOAST values: nulls here
+        struct = pa.array([r if r is None else tuple(None if v is UNCHANGED_TOAST else v
+                                                     for v in r) for r in rows], kind)
+    return {prefix + name: array for name, array in zip(names, struct.flatten(), strict=True)}
 
 
 def segment_to_arrow(seg: TableChanges) -> pa.Table:

@@ -10,6 +10,14 @@ open transaction is parsed in place into its segment. Everything else (header, t
 other messages, rows split across writes) takes the general path through
 :class:`~pgcdc_dagster.cdc.pgcopy.CopyBinaryParser` and ``Assembler.feed``.
 
+Bulk transactions repeat one row layout (same table, message type, column kinds and value
+lengths) over long runs. After an Insert (or Update without old tuple) whose tuple layout
+was learnt, the next row first tries that whole-row layout
+(:class:`~pgcdc_dagster.cdc.pgoutput.tuples.RowLayout`): one ``struct`` unpack checks every
+framing field and length, a second reads the LSN and the values; only ``after`` and ``lsn``
+are appended per row, ``op`` and the byte count are settled when the run ends. A row that
+does not match exactly takes the path above.
+
 Errors inside ``write`` are kept (the rest of the COPY is drained without work, so the
 connection stays usable) and raised by :meth:`CopySink.close`.
 """
@@ -17,11 +25,12 @@ connection stays usable) and raised by :meth:`CopySink.close`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import repeat
 
 from pgcdc_dagster.cdc.pgcopy import CopyBinaryParser
 from pgcdc_dagster.cdc.pgoutput.errors import message_error
-from pgcdc_dagster.cdc.pgoutput.tuples import WireError
+from pgcdc_dagster.cdc.pgoutput.tuples import RowLayout, WireError
 from pgcdc_dagster.cdc.pgoutput.writer import WindowWriter
 from pgcdc_dagster.exceptions import DecodeError
 
@@ -53,29 +62,76 @@ class SlotRowWriter(WindowWriter):
         self.feed: Feed | None = None
         """``Assembler.feed``: every message the fast path does not handle."""
         self.copy_fallback: Callable[[bytes], None] | None = None
+        self._spec: RowLayout | None = None
+        """Layout of the previous row when the next may take the row-layout path."""
+        self._spec_ops: Callable[[Iterable[str]], None] = _no_ops
+        self._spec_mark = 0
+        """:attr:`rows_written` when the row-layout path was entered."""
 
     def set_direct(self, direct: bool) -> None:
         """The assembler entered (True) or left (False) an ordinary transaction."""
+        if not direct:
+            self._settle()
         self.direct = direct
         self.fast = direct and self.copy_ready and self.error is None
 
     def set_copy_ready(self, ready: bool) -> None:
         """The COPY parser is (or is not) at a row boundary."""
+        if not ready:
+            self._settle()
         self.copy_ready = ready
         self.fast = ready and self.direct and self.error is None
 
     def fail(self, exc: BaseException) -> None:
         """Keep the first error; the rest of the COPY is drained without work."""
+        self._settle()
         if self.error is None:
             self.error = exc
         self.fast = False
 
+    def _settle(self) -> None:
+        """Leave the row-layout path: give its rows their ``op`` and count their bytes."""
+        spec = self._spec
+        if spec is not None:
+            self._spec = None
+            n = self.rows_written - self._spec_mark
+            if n:
+                self._spec_ops(repeat(spec.op, n))
+                self.copy_bytes += n * spec.size
+                self.copy_messages += n
+
+    def _portion_now(self) -> None:
+        try:
+            self.portion_full()
+        except Exception as exc:  # kept, re-raised by CopySink.close after the COPY
+            self.fail(exc)
+
     def copy_row(self, chunk: bytes) -> None:
         """Consume one CopyData message (normally exactly one row).
+
+        While the previous row was an Insert (or an Update without old tuple) whose layout
+        was learnt, a row of the same layout (:class:`~.tuples.RowLayout`: same table, type,
+        kinds and value lengths) costs two ``struct`` unpacks and two appends; its ``op``
+        and byte count are settled when the run of such rows ends (:meth:`_settle`).
+        """
+        spec = self._spec
+        if spec is not None and len(chunk) == spec.size and spec.check(chunk, 0) == spec.expect:
+            res = spec.unpack(chunk, 0)
+            spec.after(spec.values(res))
+            spec.lsn(res[0])  # type: ignore[arg-type]
+            self.room -= 1
+            if not self.room:
+                self._portion_now()
+            return
+        self._copy_slow(chunk)
+
+    def _copy_slow(self, chunk: bytes) -> None:
+        """Any row off the row-layout path.
 
         An Insert/Update/Delete is the body of :meth:`WindowWriter.change`, inlined: at a
         million rows per window a Python call more per row is measurable.
         """
+        self._settle()
         size = len(chunk)
         self.copy_bytes += size
         self.copy_messages += 1
@@ -91,15 +147,19 @@ class SlotRowWriter(WindowWriter):
                         target = self._target(oid, _FRAME + 1)
                     if target is not self._last:
                         self._open_run(target)
+                    learnt = False
                     if kind == _NEW and code != _DELETE:  # Insert, or Update without old row
                         if size - 32 == target.spec_size:
                             res = target.spec_unpack(chunk, 32)
                             if target.spec_meta(res) == target.spec_expect:
                                 row, p = target.spec_values(res), size
+                                learnt = True
                             else:
                                 row, p = target.parse_and_learn(chunk, 32, size)
+                                learnt = target.misses == 0
                         else:
                             row, p = target.parse_and_learn(chunk, 32, size)
+                            learnt = target.misses == 0
                         target.op("c" if code == _INSERT else "u")
                         target.after(row)
                     elif code == _INSERT:
@@ -131,6 +191,13 @@ class SlotRowWriter(WindowWriter):
                     self.room -= 1
                     if not self.room:
                         self.portion_full()
+                    elif learnt:
+                        # The next row probably has the same layout: try the row-layout path.
+                        spec = target.row_layout(code, oid)
+                        if spec is not None:
+                            self._spec = spec
+                            self._spec_ops = target.seg.op.extend
+                            self._spec_mark = self.rows_written
                     return
             except (WireError, IndexError, struct.error) as exc:
                 self.fail(_change_error(chunk, exc))
@@ -154,6 +221,10 @@ class SlotRowWriter(WindowWriter):
             self.copy_fallback(chunk)  # type: ignore[misc]
         except Exception as exc:  # kept, re-raised by CopySink.close after the COPY
             self.fail(exc)
+
+
+def _no_ops(ops: Iterable[str]) -> None:
+    raise AssertionError("row-layout path not entered")
 
 
 def _change_error(chunk: bytes, exc: Exception) -> DecodeError:
@@ -206,6 +277,7 @@ class CopySink:
         Raises:
             DecodeError: the rows could not be decoded or the stream was incomplete.
         """
+        self._writer._settle()
         if self._writer.error is not None:
             raise self._writer.error
         self._parser.close()

@@ -35,7 +35,14 @@ from pgcdc_dagster.cdc.changes import (
     TransactionInfo,
     Window,
 )
-from pgcdc_dagster.cdc.pgoutput.tuples import RowParser, WireError, learn_layout, row_parser
+from pgcdc_dagster.cdc.pgoutput.tuples import (
+    Layout,
+    RowLayout,
+    RowParser,
+    WireError,
+    learn_layout,
+    row_parser,
+)
 
 _u32: Callable[[bytes, int], tuple[int]] = struct.Struct(">I").unpack_from
 
@@ -46,9 +53,9 @@ _NEW, _KEY, _OLD = 0x4E, 0x4B, 0x4F  # 'N', 'K', 'O'
 class _Target:
     """The segment that receives a relation's rows, with its list appenders bound."""
 
-    __slots__ = ("after", "gen", "interval", "learned_at", "lsn", "misses", "op", "parse",
-                 "qualified", "seg", "spec_expect", "spec_meta", "spec_size", "spec_unpack",
-                 "spec_values")
+    __slots__ = ("after", "gen", "interval", "layout", "learned_at", "lsn", "misses", "op",
+                 "parse", "qualified", "row_layouts", "seg", "spec_expect", "spec_meta",
+                 "spec_size", "spec_unpack", "spec_values")
 
     def __init__(self, seg: TableChanges) -> None:
         self.seg = seg
@@ -67,6 +74,9 @@ class _Target:
         self.misses = 0
         self.interval = 1
         self.learned_at = 0
+        self.layout: Layout | None = None
+        self.row_layouts: dict[int, RowLayout] = {}
+        """Whole-COPY-row layouts derived from :attr:`layout`, by message type."""
 
     def parse_and_learn(self, buf: bytes, pos: int, end: int) -> tuple[Row, int]:
         """Parse a new tuple the slow way; now and then learn its layout for the next rows.
@@ -79,7 +89,8 @@ class _Target:
         if self.misses >= self.interval and p == end:
             rows = len(self.seg.op) - self.learned_at
             self.interval = 16 if rows >= 2 * self.misses else min(self.interval * 2, 4096)
-            layout = learn_layout(buf, pos, end)
+            layout = self.layout = learn_layout(buf, pos, end)
+            self.row_layouts = {}
             if layout is None:
                 self.spec_size = -1
             else:
@@ -92,6 +103,19 @@ class _Target:
             self.learned_at = len(self.seg.op)
         return row, p
 
+
+    def row_layout(self, code: int, oid: int) -> RowLayout | None:
+        """The whole-row layout of ``code`` rows matching the learnt tuple layout, bound to
+        this target's segment."""
+        layout = self.layout
+        if layout is None:
+            return None
+        row = self.row_layouts.get(code)
+        if row is None:
+            row = self.row_layouts[code] = RowLayout(code, oid, layout.columns)
+        row.after = self.after
+        row.lsn = self.lsn
+        return row
 
     def rebind(self, seg: TableChanges) -> None:
         """Write into ``seg`` from now on (after a portion), keeping the learnt layout."""
@@ -145,6 +169,8 @@ class WindowWriter:
         self.room = -1
         """Rows still to write before the next portion; negative (never reaching 0) when
         portions are off. Every row written decrements it."""
+        self._room_base = -1
+        """``_room_base - room`` = rows written so far."""
         self._portion_changes = 0
         self._on_portion: Callable[[Window], None] | None = None
         self._done: dict[tuple[str, str], int] = {}
@@ -161,11 +187,22 @@ class WindowWriter:
             raise ValueError(f"portion_changes must be at least 1, got {portion_changes}")
         self._portion_changes = portion_changes
         self._on_portion = on_portion
+        self._room_base += portion_changes - self.room
         self.room = portion_changes
+
+    @property
+    def rows_written(self) -> int:
+        """Rows written into the window so far (including those handed out)."""
+        return self._room_base - self.room
+
+    def _settle(self) -> None:
+        """Bring every list up to date (subclasses may defer per-row work)."""
 
     def portion_full(self) -> None:
         """Called when :attr:`room` reaches 0: complete and hand out the rows so far."""
+        self._settle()
         self.room = self._portion_changes
+        self._room_base += self._portion_changes
         if self._last is not None:
             self._close_run()
         if self.in_txn:
