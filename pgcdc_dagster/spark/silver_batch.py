@@ -4,7 +4,10 @@ Input is the bronze Parquet files appended since silver last caught up. Output (
 holds one row per key: the event with the greatest sequence ``(__commit_lsn, __ordinal)``;
 for columns that event left unchanged (TOAST), the newest earlier value of the same key in
 the batch fills the gap when there is one, otherwise the column stays listed in
-``__toast_unchanged`` so the MERGE keeps the stored value.
+``__toast_unchanged`` so the MERGE keeps the stored value. Values are never taken from
+before a delete (a key's life starts at its create); a create whose gap remains is a
+primary-key change, resolved from the old key as ``cdc/silver_batch.py`` describes (the
+few rows involved are collected and resolved on the driver).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pgcdc_dagster.cdc.silver_batch import PreparedBatch
+import pyarrow as pa
+
+from pgcdc_dagster.cdc.silver_batch import OUTPUT_COLUMNS, PreparedBatch, SilverLookup
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
@@ -52,17 +57,25 @@ def prepare(spark: SparkSession, files: Sequence[str], key_columns: Sequence[str
     keys = [f"__k_{i}" for i in range(len(key_columns))]
     ordered = Window.partitionBy(*keys).orderBy(*_seq())
     upto = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # A key's life: events since its latest create (a delete belongs to the life it ends).
+    rows = rows.withColumn("__life", F.sum(F.when(F.col("op").isin("c", "r"), 1)
+                                          .otherwise(0)).over(upto))
+    in_life = Window.partitionBy(*keys, "__life").orderBy(*_seq()).rowsBetween(
+        Window.unboundedPreceding, Window.currentRow)
     fills = {}
     for col in toastable:
         flagged = F.array_contains(F.coalesce("__toast_unchanged", F.array().cast("array<string>")),
                                    col)
         known = F.when(~flagged & (F.col("op") != "d"), F.struct(F.col(f"image.{col}").alias("v")))
-        fills[col] = F.last(known, ignorenulls=True).over(upto)
+        fills[col] = F.last(known, ignorenulls=True).over(in_life)
     rows = rows.withColumn("__rank", F.row_number().over(
         Window.partitionBy(*keys).orderBy(*[c.desc() for c in _seq()])))
+    rows = rows.withColumn("__life_lsn", F.first("__commit_lsn").over(in_life)) \
+        .withColumn("__life_ordinal", F.first("__ordinal").over(in_life))
     for col, expr in fills.items():
         rows = rows.withColumn(f"__fill_{col}", expr)
     latest = rows.where(F.col("__rank") == 1)
+    move_cols = ["__life", "__life_lsn", "__life_ordinal", *keys]
     if toastable:
         image_fields = [f.name for f in bronze.schema["after"].dataType.fields]  # type: ignore[attr-defined]
         patched = []
@@ -79,13 +92,84 @@ def prepare(spark: SparkSession, files: Sequence[str], key_columns: Sequence[str
             F.when(F.col("image").isNull(), F.lit(None)).otherwise(F.struct(*patched))
             .alias("image"),
             "op", "__commit_lsn", "__ordinal", "__lsn", "__source_ts_ms",
-            F.when(F.size(still) > 0, still).alias("__toast_unchanged"),
+            F.when(F.size(still) > 0, still).alias("__toast_unchanged"), *move_cols,
         )
     else:
         latest = latest.select("image", "op", "__commit_lsn", "__ordinal", "__lsn",
-                               "__source_ts_ms", "__toast_unchanged")
+                               "__source_ts_ms", "__toast_unchanged", *move_cols)
     table = latest.toArrow()
-    return PreparedBatch(table, truncate_seq, events)
+    lookups: tuple[SilverLookup, ...] = ()
+    if toastable:
+        table, lookups = _resolve_moves(rows, table, keys, list(fills))
+    return PreparedBatch(table.select(list(OUTPUT_COLUMNS)), truncate_seq, events, lookups)
+
+
+def _resolve_moves(rows: DataFrame, table: pa.Table, keys: list[str], toastable: list[str]
+                   ) -> tuple[pa.Table, tuple[SilverLookup, ...]]:
+    """Fill the gaps of winners whose life began with a key change in this batch.
+
+    Such a winner's value is the old key's just before the change: the fill at the old
+    key's delete (same sequence, another key); when that is empty and the old key's life
+    began with a key change too, the walk goes on through that one; when the old key's life
+    began before the batch, silver's row of the old key holds it (a lookup).
+    """
+    from pyspark.sql import functions as F
+
+    unchanged = table["__toast_unchanged"].to_pylist()
+    lives = table["__life"].to_pylist()
+    moved = [i for i, gaps in enumerate(unchanged) if gaps and lives[i]]
+    if not moved:
+        return table, ()
+    # The creates of key changes with a gap and the deletes at their sequences (few rows).
+    has_gap = F.size(F.coalesce("__toast_unchanged", F.array().cast("array<string>"))) > 0
+    seqs = rows.where((F.col("op") == "c") & has_gap).select("__commit_lsn", "__ordinal")
+    partners = (rows.where(F.col("op") == "d").join(seqs, ["__commit_lsn", "__ordinal"])
+                .select("__commit_lsn", "__ordinal", "__life", "__life_lsn", "__life_ordinal",
+                        *keys, *[f"__fill_{c}" for c in toastable]).toArrow().to_pylist())
+    by_seq: dict[tuple[int, int], list[dict[str, object]]] = {}
+    for d in partners:
+        by_seq.setdefault((int(d["__commit_lsn"]), int(d["__ordinal"])), []).append(d)
+    images = table["image"].to_pylist()
+    lookups: list[SilverLookup] = []
+    for i in moved:
+        key = tuple(table[k][i].as_py() for k in keys)
+        start = (int(table["__life_lsn"][i].as_py()), int(table["__life_ordinal"][i].as_py()))
+        left = list(unchanged[i] or [])
+        image = dict(images[i] or {})
+        for col in [c for c in left if c in toastable]:
+            kind, value, old, seq = _walk(by_seq, keys, col, key, start)
+            if kind == "found":
+                image[col] = value
+                left.remove(col)
+            else:
+                lookups.append(SilverLookup(i, col, old if kind == "before" else None, seq))
+        images[i] = image
+        unchanged[i] = left or None
+    table = table.set_column(table.schema.get_field_index("image"), "image",
+                             pa.array(images, table.schema.field("image").type))
+    table = table.set_column(table.schema.get_field_index("__toast_unchanged"),
+                             "__toast_unchanged", pa.array(unchanged, pa.list_(pa.string())))
+    return table, tuple(lookups)
+
+
+def _walk(by_seq: dict[tuple[int, int], list[dict[str, object]]], names: list[str], col: str,
+          key: tuple[object, ...], start: tuple[int, int]
+          ) -> tuple[str, object, tuple[object, ...] | None, tuple[int, int]]:
+    """Follow key changes back from a life that began at ``start`` (a create with a gap)."""
+    for _ in range(64):
+        partner = next((d for d in by_seq.get(start, [])
+                        if tuple(d[k] for k in names) != key), None)
+        if partner is None:
+            return "nowhere", None, None, start
+        fill = partner[f"__fill_{col}"]
+        if isinstance(fill, dict):  # a struct: its value may itself be NULL
+            return "found", fill["v"], None, start
+        old = tuple(partner[k] for k in names)
+        if not partner["__life"]:  # the old key's life began before the batch
+            return "before", None, old, start
+        key = old
+        start = (int(partner["__life_lsn"]), int(partner["__life_ordinal"]))  # type: ignore[call-overload]
+    return "nowhere", None, None, start
 
 
 def _not_filled(col: SparkColumn, filled: list[str]) -> SparkColumn:

@@ -144,3 +144,38 @@ def test_truncate_empties_silver_and_later_rows_survive(spark, lakehouse, engine
     report = apply_silver(_ctx(lakehouse), spark, engine)
     assert report.counts["deleted_by_truncate"] == 1
     assert _silver(lakehouse) == {}
+
+
+def test_key_change_with_unchanged_toast_takes_the_old_keys_value(spark, lakehouse, engine,
+                                                                  caplog) -> None:
+    """A primary-key change under REPLICA IDENTITY DEFAULT leaves the new key's TOAST column
+    as the placeholder (STR-48, IMP-06): silver takes the old key's value from silver, from
+    the batch, through chains of key changes, never from before a delete; only a value that
+    exists nowhere stays the placeholder, with a warning."""
+    b = Seg()
+    b.add("c", after=(b"1", b"one", b"x" * 5000))
+    _write(lakehouse, b.seg, 2000)
+    apply_silver(_ctx(lakehouse), spark, engine)
+
+    b2 = Seg()
+    b2.lsn = 3000
+    k = {"key_only": True}
+    b2.add("u", before=(b"1", None, None), after=(b"10", b"ten", UNCHANGED_TOAST), **k)
+    b2.add("c", after=(b"5", b"five", b"body five"))
+    b2.add("u", after=(b"5", b"five v2", UNCHANGED_TOAST))
+    b2.add("u", before=(b"5", None, None), after=(b"50", b"fifty", UNCHANGED_TOAST), **k)
+    b2.add("u", before=(b"50", None, None), after=(b"60", b"sixty", UNCHANGED_TOAST), **k)
+    b2.add("c", after=(b"2", b"two", b"old two"))
+    b2.add("d", before=(b"2", None, None), **k)
+    b2.add("c", after=(b"8", b"eight", b"body eight"))
+    b2.add("u", before=(b"8", None, None), after=(b"2", b"two again", UNCHANGED_TOAST), **k)
+    b2.add("u", before=(b"99", None, None), after=(b"100", b"lost", UNCHANGED_TOAST), **k)
+    _write(lakehouse, b2.seg, 4000)
+    with caplog.at_level("WARNING", logger="pgcdc_dagster"):
+        apply_silver(_ctx(lakehouse), spark, engine)
+    silver = _silver(lakehouse)
+    assert {i: r["body"] for i, r in silver.items()} == {
+        10: "x" * 5000, 60: "body five", 2: "body eight", 100: "__debezium_unavailable_value"}
+    assert silver[60]["title"] == "sixty" and silver[2]["title"] == "two again"
+    warned = [r.getMessage() for r in caplog.records if "unchanged TOAST" in r.getMessage()]
+    assert len(warned) == 1 and "'id': 100" in warned[0] and "body" in warned[0]
