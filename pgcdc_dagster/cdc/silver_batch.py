@@ -188,6 +188,11 @@ class _Chains:
             if col not in gaps and self.images[j] is not None:
                 return _FOUND, self.images[j].get(col), None, None  # type: ignore[union-attr]
             if self.ops[j] in ("c", "r"):  # a create with a gap: a primary-key change
+                if j > start and self.ops[j - 1] == "r" and self.images[j - 1] is not None \
+                        and col not in (self.unchanged[j - 1] or ()):
+                    # An incremental-snapshot read of the new key placed just before the
+                    # create (the DBLog TOAST trap, cdc/dblog.py) holds the value.
+                    return _FOUND, self.images[j - 1].get(col), None, None  # type: ignore[union-attr]
                 p = self.partner(j)
                 if p is None or depth > 64 or p == self.starts[p]:
                     if p is not None and p == self.starts[p]:  # old key's life began earlier
