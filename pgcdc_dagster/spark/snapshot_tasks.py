@@ -3,7 +3,7 @@ writes one bronze and one silver Parquet file straight into the Delta table dire
 
 The driver commits the returned files through delta-rs; a task never commits. Memory per task
 is bounded by one parser block plus one row group (``row_group_bytes`` of text), whatever the
-chunk's size. The worker side imports neither deltalake, pandas nor pyspark.
+chunk's size. The worker side imports neither deltalake nor pandas.
 
 Errors the user can act on (a type the configured mode cannot convert, a table that
 vanished, an expired snapshot) come back as :class:`ChunkError` values instead of Spark task
@@ -24,6 +24,7 @@ import psycopg2
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from pyspark.accumulators import Accumulator, AccumulatorParam
 
 from pgcdc_dagster import exceptions
 from pgcdc_dagster.capture.snapshot_convert import ChunkConverter
@@ -231,13 +232,23 @@ def _warm(_index: int) -> int:
     return len(stats_json.__name__)  # this module (and its imports) now loaded in the worker
 
 
-def warm_workers(spark: SparkSession) -> threading.Thread:
+_WARMED: set[str] = set()
+"""Applications whose Python workers were started (one warm-up per Spark application)."""
+
+
+def warm_workers(spark: SparkSession) -> threading.Thread | None:
     """Start the Python workers (and import this module in them) in the background.
 
     A fresh session starts its Python workers on the first task, which costs seconds; doing
     it while the driver creates the slot and plans the chunks takes that off the snapshot.
+    Workers are reused, so this runs once per Spark application (a Spark job costs the
+    driver's JVM about 0.1 s of CPU, which the chunks need on a small machine).
     """
     sc = spark.sparkContext
+    app = str(sc.applicationId)
+    if app in _WARMED:
+        return None
+    _WARMED.add(app)
     slots = max(1, int(sc.defaultParallelism))
 
     def run() -> None:
@@ -252,20 +263,103 @@ def warm_workers(spark: SparkSession) -> threading.Thread:
     return thread
 
 
+class _Results(AccumulatorParam):  # type: ignore[type-arg]
+    """Accumulates :class:`ChunkResult` lists; Spark merges a task's update on the driver as
+    soon as the task finishes, which is how one job reports its chunks one by one."""
+
+    def zero(self, value: list[ChunkResult]) -> list[ChunkResult]:
+        return []
+
+    def addInPlace(self, value1: list[ChunkResult],
+                   value2: list[ChunkResult]) -> list[ChunkResult]:
+        value1.extend(value2)
+        return value1
+
+
+class _Reported:
+    """The task function of the one-job mode: run the chunk, report it through ``results``."""
+
+    def __init__(self, results: Accumulator[list[ChunkResult]]) -> None:
+        self.results = results
+
+    def __call__(self, task: ChunkTask) -> int:
+        self.results.add([run_chunk(task)])
+        return task.chunk.index
+
+
 def run_chunks(spark: SparkSession, tasks: Sequence[ChunkTask],
                on_result: Callable[[ChunkResult], None], *, parallelism: int = 0,
                proceed: Callable[[ChunkTask], bool] = lambda _task: True) -> None:
     """Run the tasks on the Spark executors, calling ``on_result`` as each one finishes.
 
-    Each chunk is its own Spark job, submitted from ``parallelism`` driver threads (0 = the
-    context's default parallelism), so results arrive, and are committed, as chunks finish.
-    ``on_result`` runs on the calling thread, one result at a time; a task for which
-    ``proceed`` says False when its turn comes is skipped (after an error).
+    ``on_result`` runs on the calling thread, one result at a time, as chunks finish (so a
+    table is committed as soon as its last chunk is in). By default (``parallelism`` 0, or at
+    least the context's default parallelism) all chunks are the tasks of **one** Spark job,
+    in plan order, each reporting its result through an accumulator when it finishes; once
+    ``proceed`` says False for every chunk not yet finished (after an error), the job is
+    cancelled. A smaller ``parallelism`` (``snapshot.max.threads``) runs each chunk as its own
+    job from that many driver threads, and a chunk for which ``proceed`` says False when its
+    turn comes is skipped.
     """
     if not tasks:
         return
     sc = spark.sparkContext
-    workers = parallelism or max(1, int(sc.defaultParallelism))
+    slots = max(1, int(sc.defaultParallelism))
+    if parallelism and parallelism < slots:
+        _run_threaded(spark, tasks, on_result, parallelism, proceed)
+    else:
+        _run_one_job(spark, tasks, on_result, proceed)
+
+
+def _run_one_job(spark: SparkSession, tasks: Sequence[ChunkTask],
+                 on_result: Callable[[ChunkResult], None],
+                 proceed: Callable[[ChunkTask], bool]) -> None:
+    sc = spark.sparkContext
+    group = f"pgcdc-snapshot-{uuid.uuid4().hex[:8]}"
+    results = sc.accumulator([], _Results())
+    failure: list[BaseException] = []
+    cancelled = threading.Event()
+
+    def job() -> None:
+        try:
+            sc.setJobGroup(group, f"pgcdc snapshot: {len(tasks)} chunks",
+                           interruptOnCancel=True)
+            sc.parallelize(list(tasks), len(tasks)).map(_Reported(results)).collect()
+        except BaseException as exc:  # reported (or ignored after a cancel) by the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=job, name="pgcdc-snapshot-job", daemon=True)
+    thread.start()
+    pending = {(t.chunk.qualified, t.chunk.index): t for t in tasks}
+    seen = 0
+    try:
+        while True:
+            finished = not thread.is_alive()
+            values: list[ChunkResult] = results.value
+            while seen < len(values):
+                result = values[seen]
+                seen += 1
+                if pending.pop((result.chunk.qualified, result.chunk.index), None) is None:
+                    continue  # a task attempt Spark ran again
+                on_result(result)
+            if finished:
+                break
+            if pending and not cancelled.is_set() and \
+                    not any(proceed(t) for t in pending.values()):
+                cancelled.set()
+                sc.cancelJobGroup(group)
+            thread.join(0.02)
+    except BaseException:
+        sc.cancelJobGroup(group)
+        raise
+    if failure and not cancelled.is_set():
+        raise failure[0]
+
+
+def _run_threaded(spark: SparkSession, tasks: Sequence[ChunkTask],
+                  on_result: Callable[[ChunkResult], None], workers: int,
+                  proceed: Callable[[ChunkTask], bool]) -> None:
+    sc = spark.sparkContext
     group = f"pgcdc-snapshot-{uuid.uuid4().hex[:8]}"
 
     def submit(task: ChunkTask) -> ChunkResult | None:

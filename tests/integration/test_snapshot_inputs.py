@@ -16,7 +16,11 @@ from pgcdc_dagster.exceptions import ConfigurationError, UnsupportedTypeError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import live_rows
 from pgcdc_dagster.postgres.snapshot_read import (
+    MAX_BLOCK_BYTES,
+    MIN_BLOCK_BYTES,
+    Chunk,
     TableVanishedError,
+    block_bytes,
     chunk_query,
     key_columns,
     plan_chunks,
@@ -163,3 +167,27 @@ def test_ctid_ranges_read_every_row_once(pg_dsn, pg_conn) -> None:
         for batch in read_text_batches(pg_dsn, None, query, ["v", "t"]):
             seen.extend(int(v) for v in batch.column(0).to_pylist())
     assert sorted(seen) == [v for v in range(1, 20001) if v % 5]
+
+
+def test_fetch_size_sizes_the_reader_blocks(pg_dsn, pg_conn) -> None:
+    """snapshot.fetch.size (SNAP-26): rows per read. COPY streams, so it sizes
+    the parser's block (fetch size x the table's average row), clamped so a reader's memory
+    stays bounded; a larger fetch size reads in fewer, larger batches."""
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE f (id int PRIMARY KEY, t text); INSERT INTO f SELECT g, "
+                    "repeat('y', 200) FROM generate_series(1, 40000) g; ANALYZE f")
+        size = table_size(pg_conn, "public", "f")
+    assert block_bytes(1, size.row_bytes) == MIN_BLOCK_BYTES
+    assert block_bytes(10**9, size.row_bytes) == MAX_BLOCK_BYTES
+    middle = block_bytes(2000, size.row_bytes)
+    assert MIN_BLOCK_BYTES < middle < MAX_BLOCK_BYTES
+    query = chunk_query(Chunk("public", "f", 0), ["id", "t"])
+    shapes = {}
+    for fetch in (1, 2000, 10**9):
+        block = block_bytes(fetch, size.row_bytes)
+        rows = [b.num_rows for b in read_text_batches(pg_dsn, None, query, ["id", "t"],
+                                                      block_size=block)]
+        assert sum(rows) == 40000
+        assert max(rows) * 205 <= block  # a batch never holds more than one block of text
+        shapes[fetch] = len(rows)
+    assert shapes[1] > shapes[2000] > shapes[10**9]

@@ -1,0 +1,56 @@
+"""Issue 5, progress: while a snapshot runs, the Dagster run's event log receives a line per
+finished chunk with the rows read, the chunks done, the rate and the ETA; the bronze
+materializations carry the same figures as metadata when the step ends.
+"""
+
+from __future__ import annotations
+
+import re
+
+import dagster as dg
+import pytest
+
+from pgcdc_dagster.definitions import build_definitions
+from pgcdc_dagster.ops.settings import MonitorSettings
+from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+
+pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
+
+LINE = re.compile(r"snapshot \d+: (\d+)/(\d+) chunks, ([\d,]+)/~([\d,]+) rows, ([\d,]+) rows/s, "
+                  r"ETA (\d+)s \(last: public\.(big|small)\)")
+
+
+def test_snapshot_reports_progress_in_the_run_log(pg_dsn, pg_conn, lakehouse) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE big (id int PRIMARY KEY, v text); INSERT INTO big SELECT g, "
+                    "repeat('v', 100) FROM generate_series(1, 30000) g; "
+                    "CREATE TABLE small (id int PRIMARY KEY); INSERT INTO small VALUES (1); "
+                    "ANALYZE big, small")
+    defs = build_definitions([("public", "big"), ("public", "small")], {
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "lakehouse": LakehouseResource(root=str(lakehouse)),
+        "capture": CaptureResource(tables=r"public\.(big|small)", slot="dg_progress",
+                                   publication="dg_progress", snapshot_chunk_bytes=1 << 20),
+        "spark": SparkResource(),
+    }, settings=MonitorSettings())
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("initial_snapshot").execute_in_process(instance=instance)
+        assert result.success
+        messages = [e.message for e in instance.all_logs(result.run_id)
+                    if e.message and LINE.search(e.message)]
+    lines = [LINE.search(m) for m in messages]
+    total = int(lines[0].group(2))  # type: ignore[union-attr]
+    assert total >= 4, "big is read in several chunks"
+    assert [int(m.group(1)) for m in lines if m] == list(range(1, total + 1)), \
+        "one line per chunk, as chunks finish"
+    rows = [int(m.group(3).replace(",", "")) for m in lines if m]
+    assert rows == sorted(rows) and rows[-1] == 30001
+    assert all(int(m.group(4).replace(",", "")) >= 30000 for m in lines if m), "estimate"
+    assert lines[-1].group(6) == "0"  # type: ignore[union-attr]
+    mats = {"/".join(e.event_specific_data.materialization.asset_key.path):  # type: ignore
+            {k: v.value for k, v in e.event_specific_data.materialization.metadata.items()}  # type: ignore
+            for e in result.get_asset_materialization_events()}
+    big = mats["bronze/public/big"]
+    assert big["snapshot_rows_read"] == 30001
+    assert big["snapshot_chunks_done"] == big["snapshot_chunks_total"] == total
+    assert big["snapshot_rows_per_second"] > 0 and big["snapshot_eta_seconds"] == 0
