@@ -419,7 +419,12 @@ class WindowWriter:
         seg.commit_lsn.extend(repeat(self.commit_lsn, new))
         seg.xid.extend(repeat(self.xid, new))
         seg.commit_ts_us.extend(repeat(self.commit_ts_us, new))
-        seg.collection_order.extend(range(done + 1, done + new + 1))
+        total = seg.total_order
+        if new and total[start] == done + 1 and total[-1] == done + new:
+            # Only this table so far (total_order ascends): the same numbers, no new ints.
+            seg.collection_order += total[start:]
+        else:
+            seg.collection_order.extend(range(done + 1, done + new + 1))
         if len(seg.before) != size:
             _pad(seg.before, size, None)  # type: ignore[arg-type]
         if len(seg.before_key_only) != size:
