@@ -5,6 +5,7 @@ through the COPY fast path (``copy_sink``)."""
 
 from __future__ import annotations
 
+import gc
 import struct
 
 import pytest
@@ -70,3 +71,27 @@ def test_portion_arguments_are_checked() -> None:
         Assembler(portion_changes=5)
     with pytest.raises(ValueError, match="at least 1"):
         Assembler(portion_changes=0, on_portion=lambda w: None)
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["feed", "copy"])
+def test_handed_out_segments_are_not_kept(copy: bool) -> None:
+    """Memory stays bounded: once handed out, a portion's lists are referenced only by
+    its segments (no target, appender or row layout of the assembler keeps them)."""
+    recorded = load("multi_table")
+    assembler = Assembler(portion_changes=2, on_portion=(portions := []).append)
+    if copy:
+        sink = assembler.copy_sink()
+        for chunk in _copy_chunks(recorded):
+            sink.write(chunk)
+        sink.close()
+    else:
+        for lsn, data in recorded.items():
+            assembler.feed(lsn, data)
+    assembler.finish()
+    assert len(portions) >= 2
+    gc.collect()
+    for portion in portions:
+        for seg in portion.segments():
+            for name in ("op", "after", "lsn", "total_order"):
+                holders = gc.get_referrers(getattr(seg, name))
+                assert holders == [seg], (name, holders)

@@ -117,6 +117,12 @@ class _Target:
         row.lsn = self.lsn
         return row
 
+    def park(self) -> None:
+        """Let go of the segment (handed out in a portion) until :meth:`rebind`."""
+        self.rebind(TableChanges(self.seg.relation))
+        for row in self.row_layouts.values():
+            row.after = row.lsn = _unbound_append
+
     def rebind(self, seg: TableChanges) -> None:
         """Write into ``seg`` from now on (after a portion), keeping the learnt layout."""
         self.seg = seg
@@ -125,6 +131,10 @@ class _Target:
         self.after = seg.after.append
         self.gen = -1
         self.learned_at = 0
+
+
+def _unbound_append(value: object) -> None:
+    raise AssertionError("row layout of a parked target used")
 
 
 def _no_unpack(buf: bytes, pos: int) -> tuple[object, ...]:
@@ -217,6 +227,8 @@ class WindowWriter:
         tables = {key: kept for key, segs in window.tables.items()
                   if (kept := [seg for seg in segs if len(seg)])}
         window.tables = {}
+        for target in self._targets.values():
+            target.park()
         self._parked.update(self._targets)
         self._targets.clear()
         self.portions += 1
