@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pgcdc_dagster.capture.tables import TableContext
-from pgcdc_dagster.cdc.silver_batch import prepare_arrow
+from pgcdc_dagster.cdc.silver_batch import INPUT_COLUMNS, prepare_arrow
 from pgcdc_dagster.lake.bronze_read import count_rows, read_files
 from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files
 from pgcdc_dagster.lake.silver import merge_batch, silver_from_images
@@ -71,7 +71,8 @@ def apply_silver(ctx: TableContext, spark: SparkSession,
         batch = prepare(spark, files, ctx.relation.key_names, ctx.toastable)
     else:
         schema = pa.schema(bronze.schema().to_arrow())
-        batch = prepare_arrow(read_files(files, schema), ctx.relation.key_names, ctx.toastable)
+        batch = prepare_arrow(read_files(files, schema, INPUT_COLUMNS), ctx.relation.key_names,
+                              ctx.toastable)
     rows = batch.rows
     image = rows.column("image").combine_chunks()
     meta_cols = {name: rows.column(name).combine_chunks()

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+INPUT_COLUMNS = ("key", "before", "after", "source", "op", "__commit_lsn", "__ordinal",
+                 "__toast_unchanged")
+"""The bronze columns the preparer reads."""
 OUTPUT_COLUMNS = ("image", "op", "__commit_lsn", "__ordinal", "__lsn", "__source_ts_ms",
                   "__toast_unchanged")
 
@@ -64,17 +67,28 @@ def _newest_truncate(bronze: pa.Table) -> tuple[int, int] | None:
     return int(best[0]), int(best[1])
 
 
+def _slim(rows: pa.Table) -> pa.Table:
+    """The columns the output is built from (``source`` reduced to the two fields used)."""
+    source = rows["source"]
+    return pa.table({
+        "op": rows["op"], "before": rows["before"], "after": rows["after"],
+        "__commit_lsn": rows["__commit_lsn"], "__ordinal": rows["__ordinal"],
+        "__lsn": pc.struct_field(source, "lsn"), "__source_ts_ms": pc.struct_field(source, "ts_ms"),
+        "__toast_unchanged": rows["__toast_unchanged"],
+    })
+
+
 def _output(rows: pa.Table) -> pa.Table:
-    """The output columns for bronze rows (``image``: after, or before for deletes)."""
+    """The output columns for (slim) bronze rows (``image``: after, or before for deletes)."""
+    if "source" in rows.column_names:
+        rows = _slim(rows)
     is_delete = pc.equal(rows["op"], "d")
     before, after = rows["before"].combine_chunks(), rows["after"].combine_chunks()
     image = after if not pc.any(is_delete).as_py() else pc.if_else(is_delete, before, after)
-    source = rows["source"].combine_chunks()
     return pa.table({
         "image": image, "op": rows["op"], "__commit_lsn": rows["__commit_lsn"],
-        "__ordinal": rows["__ordinal"], "__lsn": pc.struct_field(source, "lsn"),
-        "__source_ts_ms": pc.struct_field(source, "ts_ms"),
-        "__toast_unchanged": rows["__toast_unchanged"],
+        "__ordinal": rows["__ordinal"], "__lsn": rows["__lsn"],
+        "__source_ts_ms": rows["__source_ts_ms"], "__toast_unchanged": rows["__toast_unchanged"],
     })
 
 
@@ -120,12 +134,13 @@ def prepare_arrow(bronze: pa.Table, key_columns: Sequence[str],
             differs = d if differs is None else pc.or_(differs, d)
         assert differs is not None
         last = pa.concat_arrays([differs, pa.array([True])])
-    winners = _output(rows.take(pc.filter(order, last)))
+    slim = _slim(rows)
+    winners = _output(slim.take(pc.filter(order, last)))
     lookups: tuple[SilverLookup, ...] = ()
     if toastable and pc.any(pc.greater(pc.list_value_length(
             winners["__toast_unchanged"]), 0)).as_py():
         sorted_keys = narrow.select(key_names).take(order)
-        winners, lookups = _fill_toast(_output(rows.take(order)), sorted_keys, last, winners,
+        winners, lookups = _fill_toast(_output(slim.take(order)), sorted_keys, last, winners,
                                        toastable)
     return PreparedBatch(winners.select(list(OUTPUT_COLUMNS)), truncate_seq, events, lookups)
 

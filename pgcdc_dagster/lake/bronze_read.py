@@ -34,19 +34,30 @@ def conform(data: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array:
 def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """The table under ``schema`` (columns in schema order, missing ones null)."""
     columns = [
-        conform(table[f.name], f.type) if f.name in table.column_names
+        (table[f.name] if table.schema.field(f.name).type == f.type
+         else conform(table[f.name], f.type)) if f.name in table.column_names
         else pa.nulls(table.num_rows, f.type)
         for f in schema
     ]
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def read_files(files: Sequence[str], schema: pa.Schema) -> pa.Table:
-    """Read Parquet files (local paths or URIs) into one table conformed to ``schema``."""
+def read_files(files: Sequence[str], schema: pa.Schema,
+               columns: Sequence[str] | None = None) -> pa.Table:
+    """Read Parquet files (local paths or URIs) into one table conformed to ``schema``.
+
+    ``columns`` (top-level names) restricts what is read and returned.
+    """
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
     parts = []
     for path in files:
         fs, inner = pafs.FileSystem.from_uri(path) if "://" in path else (None, path)
-        parts.append(conform_table(pq.read_table(inner, filesystem=fs), schema))
+        names = None
+        if columns is not None:
+            present = set(pq.read_schema(inner, filesystem=fs).names)
+            names = [c for c in columns if c in present]
+        parts.append(conform_table(pq.read_table(inner, filesystem=fs, columns=names), schema))
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
