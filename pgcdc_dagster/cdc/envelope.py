@@ -208,6 +208,8 @@ def split_key_changes(seg: TableChanges) -> TableChanges:
     Debezium emits a DELETE (old key) and a CREATE (new key) when a primary key changes;
     silver then drops the old key and inserts the new one.
     """
+    if seg.before.count(None) == len(seg.before):  # no old tuples: no key can have changed
+        return seg
     key_pos = [i for i, c in enumerate(seg.relation.columns) if c.is_key]
     changed = [
         i for i, (op, before) in enumerate(zip(seg.op, seg.before, strict=True))
