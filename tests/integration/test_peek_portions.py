@@ -117,6 +117,7 @@ def test_portions_bound_the_memory_held(pg_conn) -> None:
         assert window.change_count == big + 3
         return peak
 
+    peek_window(pg_conn, "s", "pub", upto)  # warm-up: caches (e.g. shared ordinals) filled
     whole = peak()
     collect = Collector(keep=False)
     portioned = peak(portion_changes=PORTION // 4, on_portion=collect)

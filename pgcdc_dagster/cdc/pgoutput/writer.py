@@ -149,6 +149,21 @@ def _no_values(res: tuple[object, ...]) -> Row:
     raise AssertionError("no layout learnt")
 
 
+_SHARED_ORDINALS: list[int] = []
+_SHARED_LIMIT = 1 << 17
+"""Ordinals below this are shared int objects (~5 MiB at most), not one new int per row."""
+
+
+def _ordinals(start: int, stop: int) -> list[int] | range:
+    """``range(start, stop)``, as shared int objects when they are small."""
+    if stop > _SHARED_LIMIT or stop - start < 64:
+        return range(start, stop)
+    if stop > len(_SHARED_ORDINALS):
+        size = min(max(stop, 2 * len(_SHARED_ORDINALS)), _SHARED_LIMIT)
+        _SHARED_ORDINALS.extend(range(len(_SHARED_ORDINALS), size))
+    return _SHARED_ORDINALS[start:stop]
+
+
 def _pad(values: list[object], size: int, fill: object) -> None:
     if len(values) < size:
         values.extend(repeat(fill, size - len(values)))
@@ -293,7 +308,7 @@ class WindowWriter:
         seg = last.seg
         order = self.order
         new = len(seg.op) - self._run_start
-        seg.total_order.extend(range(order + 1, order + new + 1))
+        seg.total_order += _ordinals(order + 1, order + new + 1)
         self.order = order + new
         self._last = None
 
@@ -436,7 +451,7 @@ class WindowWriter:
             # Only this table so far (total_order ascends): the same numbers, no new ints.
             seg.collection_order += total[start:]
         else:
-            seg.collection_order.extend(range(done + 1, done + new + 1))
+            seg.collection_order += _ordinals(done + 1, done + new + 1)
         if len(seg.before) != size:
             _pad(seg.before, size, None)  # type: ignore[arg-type]
         if len(seg.before_key_only) != size:
