@@ -387,7 +387,8 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
             version, bronze_from = _previous(context, silver_key(*ctx.relation.qualified))
             before = table_stats(ctx.silver_uri, version) if version is not None \
                 else TableStats(None)
-            reports.append((ctx, before, bronze_from, apply_silver(ctx, session)))
+            reports.append((ctx, before, bronze_from, apply_silver(
+                ctx, session, settings.silver_spark_threshold_rows)))
             crash_point("after_silver_merge")  # as run_silver: the crash tests' kill point
         health = slot_health(postgres.dsn, capture.slot)
         for ctx, before, bronze_from, report in reports:
