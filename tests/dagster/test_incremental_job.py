@@ -262,3 +262,21 @@ def test_signal_table_sensor(capture, pg_conn) -> None:
     third = _tick(definitions, instance, second.cursor)
     assert [(r.run_key, r.partition_key) for r in third.run_requests] == [("again",
                                                                            "public.tags")]
+
+
+def test_settings_from_the_environment(monkeypatch) -> None:
+    """PGCDC_INCREMENTAL_CHUNK_SIZE and PGCDC_SIGNAL_DATA_COLLECTION reach the engine."""
+    from pgcdc_dagster.capture.incremental import DEFAULT_CHUNK_SIZE
+    from pgcdc_dagster.definitions import default_resources
+
+    monkeypatch.setenv("PGCDC_PG_DSN", "host=127.0.0.1 dbname=x")
+    with dg.build_resources({"capture": default_resources()["capture"]}) as res:
+        plain = res.capture.settings("dsn", "/tmp/lake")
+    assert plain.incremental_chunk_size == DEFAULT_CHUNK_SIZE == 32768
+    assert plain.signal_data_collection == ""
+    monkeypatch.setenv("PGCDC_INCREMENTAL_CHUNK_SIZE", "4096")
+    monkeypatch.setenv("PGCDC_SIGNAL_DATA_COLLECTION", "ops.dbz_signal")
+    with dg.build_resources({"capture": default_resources()["capture"]}) as res:
+        settings = res.capture.settings("dsn", "/tmp/lake")
+    assert settings.incremental_chunk_size == 4096
+    assert settings.signal_data_collection == "ops.dbz_signal"
