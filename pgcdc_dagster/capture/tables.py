@@ -236,8 +236,12 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
         if settings.lakehouse else None
     if history is not None:
         offset = committed_version(bronze, app_id)
-        # Ordinal 1: snapshot rows at the offset (ordinal 0) keep the shape they were read in.
-        history.record(Shape.of(rel, converters), offset or 0, 1 if offset else 0)
+        if offset is None:  # no event stored yet: the history starts here
+            history.restart(Shape.of(rel, converters))
+        else:
+            # Ordinal 1: snapshot rows at the offset (ordinal 0) keep the shape they were
+            # read in; streamed events there have ordinals from 1.
+            history.record(Shape.of(rel, converters), offset, 1)
     return TableContext(
         relation=rel,
         converters=converters,

@@ -123,6 +123,26 @@ class HistoryRecorder:
             self._entries = read_history(self.uri, self.schema, self.table)
         return self._entries
 
+    def restart(self, shape: Shape) -> None:
+        """Start the table's history afresh with ``shape`` at position 0.
+
+        For a table bronze holds no event of (no offset yet, or bronze removed by a
+        teardown): older entries describe no stored event, and a stale later entry would
+        shadow the new start.
+        """
+        if not self.uri:
+            return
+        entries = self.entries()
+        if [(e.lsn, e.ordinal, e.shape.shape_id) for e in entries] == [(0, 0, shape.shape_id)]:
+            return
+        if entries:
+            delta = open_table(self.uri)
+            if delta is not None:
+                delta.delete(f"schema = {_literal(self.schema)} AND "
+                             f"\"table\" = {_literal(self.table)}")
+            entries.clear()
+        self.record(shape, 0, 0)
+
     def record(self, shape: Shape, lsn: int, ordinal: int) -> bool:
         """Write an entry when ``shape`` is not the one in force at the position."""
         if not self.uri:
@@ -141,3 +161,8 @@ class HistoryRecorder:
         keys = [(e.lsn, e.ordinal) for e in entries]
         entries.insert(bisect.bisect_right(keys, (entry.lsn, entry.ordinal)), entry)
         return True
+
+
+def _literal(value: str) -> str:
+    """A SQL string literal for a delta-rs predicate (quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"

@@ -224,3 +224,24 @@ def test_evolve_rewrites_a_derived_table_to_the_new_type(tmp_path):
                     mode="append")
     with pytest.raises(SchemaChangeError, match="does not convert"):
         evolve(DeltaTable(uri), wider, "silver", cast_changed=True)
+
+
+def test_history_restarts_for_a_table_without_events(tmp_path):
+    """A torn-down (or never committed) table starts its history afresh: a stale later
+    entry would otherwise shadow the new snapshot's shape."""
+    uri = str(tmp_path / "history")
+    wide = Shape.of(REL, (conv("int4", column="id"), conv("int4")))
+    narrow = Shape.of(Relation(1, "public", "t", "d", REL.columns[:1]),
+                      (conv("int4", column="id"),))
+    old = HistoryRecorder(uri, "public", "t")
+    old.record(wide, 0, 0)
+    old.record(narrow, 500, 1)
+    other = HistoryRecorder(uri, "public", "o'q")
+    other.record(wide, 0, 0)
+    fresh = HistoryRecorder(uri, "public", "t")
+    fresh.restart(wide)
+    assert [(e.lsn, e.shape) for e in read_history(uri, "public", "t")] == [(0, wide)]
+    assert shape_at(read_history(uri, "public", "t"), 900, 1).shape == wide
+    assert len(read_history(uri, "public", "o'q")) == 1
+    fresh.restart(wide)  # nothing to do the second time
+    assert DeltaTable(uri).version() == 5  # create, 3 records, delete, record
