@@ -5,18 +5,28 @@ alone, COPY into a byte-counting sink: the limit), our end-to-end rate (peek -> 
 silver -> advance, several windows), their ratio (issue 6 target: >= 0.25), and the
 commit-to-silver latency of a small change under a scheduled loop.
 
-    .venv/bin/python bench/bench_stream.py [--changes 1000000]
+``--repeat N`` measures N rounds (fresh changes each, same cluster) and prints the best and
+median ratio with the load average of each round (the machine is shared: compare ratios,
+not rates). ``--stages`` adds the time spent per stage (wall time inside each function:
+portions are converted inside the peek and Parquet parts are written by a background
+thread, so stages overlap and do not add up to the total).
+
+    .venv/bin/python bench/bench_stream.py [--changes 1000000] [--repeat 3] [--stages]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 from deltalake import DeltaTable
@@ -57,12 +67,68 @@ def raw_peek(dsn: str, slot: str, publication: str) -> tuple[int, float]:
     return int(rows), elapsed
 
 
+STAGES: dict[str, float] = collections.defaultdict(float)
+
+
+def _timed(owner: Any, name: str, label: str) -> None:
+    """Replace ``owner.name`` by a wrapper adding its wall time to ``STAGES[label]``."""
+    func: Callable[..., Any] = getattr(owner, name)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            STAGES[label] += time.perf_counter() - started
+
+    setattr(owner, name, wrapper)
+
+
+def install_stage_timers() -> None:
+    import pgcdc_dagster.capture.bronze_write as bronze_write
+    import pgcdc_dagster.capture.silver_apply as silver_apply
+    import pgcdc_dagster.capture.stream as stream
+
+    _timed(stream, "peek_window", "peek + decode (+ portions converted inside)")
+    _timed(bronze_write.BronzeWindowWriter, "add", "bronze writer: convert, queue parts")
+    _timed(bronze_write, "bronze_from_changes", "  bronze conversion (envelope)")
+    _timed(bronze_write, "write_part", "  Parquet write (background thread)")
+    _timed(bronze_write.BronzeWindowWriter, "commit", "bronze Delta commit (waits for parts)")
+    _timed(stream, "advance_slot", "slot advance")
+    _timed(silver_apply, "read_files", "silver: read bronze parts")
+    _timed(silver_apply, "prepare_arrow", "silver: prepare (Arrow)")
+    _timed(silver_apply, "silver_from_images", "silver: native values")
+    _timed(silver_apply, "merge_batch", "silver: MERGE (delta-rs)")
+
+
+def generate(cur: Any, per: int, offset: int) -> None:
+    """``4 * per`` changes: inserts then updates, 50k rows per transaction, two tables."""
+    for lo in range(offset, offset + per, 50_000):
+        hi = min(offset + per, lo + 50_000)
+        cur.execute("INSERT INTO orders SELECT g, g %% 1000, 'new', g / 100.0, now() "
+                    "FROM generate_series(%s, %s) g", (lo + 1, hi))
+        cur.execute("INSERT INTO events SELECT g, 'k' || (g %% 9), md5(g::text), now() "
+                    "FROM generate_series(%s, %s) g", (lo + 1, hi))
+    for lo in range(offset, offset + per, 50_000):
+        hi = min(offset + per, lo + 50_000)
+        cur.execute("UPDATE orders SET status = 'paid', amount = amount + 1 "
+                    "WHERE id BETWEEN %s AND %s", (lo + 1, hi))
+        cur.execute("UPDATE events SET kind = 'seen' WHERE id BETWEEN %s AND %s",
+                    (lo + 1, hi))
+    cur.execute("CHECKPOINT")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--stages", action="store_true")
     parser.add_argument("--latency-samples", type=int, default=5)
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if args.stages:
+        install_stage_timers()
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-stream-"))
     cluster = LocalCluster(root / "pg").start()
     try:
@@ -80,41 +146,45 @@ def main() -> None:
         run_bronze(settings, spark, force_snapshot_step=True)
         run_silver(settings, spark)
         per = args.changes // 4
-        for lo in range(0, per, 50_000):  # inserts then updates, 50k rows per transaction
-            hi = min(per, lo + 50_000)
-            cur.execute("INSERT INTO orders SELECT g, g %% 1000, 'new', g / 100.0, now() "
-                        "FROM generate_series(%s, %s) g", (lo + 1, hi))
-            cur.execute("INSERT INTO events SELECT g, 'k' || (g %% 9), md5(g::text), now() "
-                        "FROM generate_series(%s, %s) g", (lo + 1, hi))
-        for lo in range(0, per, 50_000):
-            hi = min(per, lo + 50_000)
-            cur.execute("UPDATE orders SET status = 'paid', amount = amount + 1 "
-                        "WHERE id BETWEEN %s AND %s", (lo + 1, hi))
-            cur.execute("UPDATE events SET kind = 'seen' WHERE id BETWEEN %s AND %s",
-                        (lo + 1, hi))
-        cur.execute("CHECKPOINT")
         changes = per * 4
-        raw_peek(cluster.dsn, "bench", "bench")  # warm
-        rows, raw_s = raw_peek(cluster.dsn, "bench", "bench")
-        raw_rate = rows / raw_s
-        started = time.perf_counter()
-        report = run_bronze(settings, spark, force_snapshot_step=False)
-        run_silver(settings, spark)
-        ours_s = time.perf_counter() - started
-        assert report.stream is not None
-        got = sum(sum(o.values()) for o in report.stream.events_by_table().values())
-        assert got == changes, (got, changes)
-        ours_rate = changes / ours_s
-        print(f"changes: {changes:,} ({rows:,} pgoutput rows incl. BEGIN/COMMIT/RELATION)")
-        print(f"raw peek (limit): {raw_rate:,.0f} rows/s ({raw_s:.2f} s)")
-        print(f"pgcdc peek -> bronze -> silver -> advance: {ours_rate:,.0f} changes/s "
-              f"({ours_s:.1f} s, {len(report.stream.windows)} windows)")
-        print(f"ratio: {ours_rate / raw_rate:.2f}")
+        ratios: list[tuple[float, float, tuple[float, float, float]]] = []
+        for round_no in range(args.repeat):
+            generate(cur, per, round_no * per)
+            raw_peek(cluster.dsn, "bench", "bench")  # warm
+            rows, raw_s = raw_peek(cluster.dsn, "bench", "bench")
+            raw_rate = rows / raw_s
+            STAGES.clear()
+            load = os.getloadavg()
+            started = time.perf_counter()
+            report = run_bronze(settings, spark, force_snapshot_step=False)
+            bronze_s = time.perf_counter() - started
+            run_silver(settings, spark)
+            ours_s = time.perf_counter() - started
+            assert report.stream is not None
+            got = sum(sum(o.values()) for o in report.stream.events_by_table().values())
+            assert got == changes, (got, changes)
+            ours_rate = changes / ours_s
+            ratios.append((ours_rate / raw_rate, ours_rate, load))
+            print(f"round {round_no + 1}: load average {load[0]:.1f} {load[1]:.1f} "
+                  f"{load[2]:.1f}")
+            print(f"  changes: {changes:,} ({rows:,} pgoutput rows incl. BEGIN/COMMIT/RELATION)")
+            print(f"  raw peek (limit): {raw_rate:,.0f} rows/s ({raw_s:.2f} s)")
+            print(f"  pgcdc peek -> bronze -> silver -> advance: {ours_rate:,.0f} changes/s "
+                  f"({ours_s:.1f} s: bronze {bronze_s:.1f} s, silver {ours_s - bronze_s:.1f} s; "
+                  f"{len(report.stream.windows)} windows)")
+            print(f"  ratio: {ours_rate / raw_rate:.3f}")
+            for label, seconds in STAGES.items():
+                print(f"    {label:48s} {seconds:6.2f} s")
+        if args.repeat > 1:
+            values = [r[0] for r in ratios]
+            print(f"ratio over {args.repeat} rounds: best {max(values):.3f}, "
+                  f"median {statistics.median(values):.3f} (loads "
+                  + ", ".join(f"{r[2][0]:.1f}" for r in ratios) + ")")
 
         latencies = []
         uri = table_uri(settings.lakehouse, "silver", "public", "orders")
         for i in range(args.latency_samples):
-            key = 10_000_000 + i
+            key = 10_000_000_000 + i
             cur.execute("INSERT INTO orders VALUES (%s, 1, 'latency', 1, now())", (key,))
             committed = time.perf_counter()
             run_bronze(settings, spark, force_snapshot_step=False)
@@ -122,8 +192,10 @@ def main() -> None:
             found = DeltaTable(uri).to_pyarrow_table(filters=[("id", "=", key)]).num_rows
             assert found == 1
             latencies.append(time.perf_counter() - committed)
-        print(f"commit-to-silver latency of a small change (one micro-batch run, no schedule "
-              f"wait): median {statistics.median(latencies):.2f} s, max {max(latencies):.2f} s")
+        if latencies:
+            print(f"commit-to-silver latency of a small change (one micro-batch run, no "
+                  f"schedule wait): median {statistics.median(latencies):.2f} s, "
+                  f"max {max(latencies):.2f} s")
         spark.stop()
     finally:
         cluster.stop()
