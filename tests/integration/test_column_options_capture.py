@@ -130,8 +130,8 @@ def test_exported_schemas_carry_the_mapper_parameters(people):
                                               "__debezium.source.column.length": "10",
                                               "__debezium.source.column.scale": "0"}
     assert "secret" not in fields
-    assert record.key["schema"]["fields"] == [{"type": "int32", "optional": True,
-                                               "field": "id"}]  # NOT NULL: see docs
+    assert record.key["schema"]["fields"] == [{"type": "int32", "optional": False,
+                                               "field": "id"}]  # NOT NULL (EVT-08)
 
 
 def test_stream_applies_the_same_options(people, pg_conn, spark, lakehouse):
@@ -190,8 +190,8 @@ def test_custom_key_and_include_list_in_snapshot(orders, lakehouse):
                       {"tenant": 10, "code": "A-2", "qty": 7}]
     record = next(export_table(orders.lakehouse, "public", "orders"))
     assert record.key["schema"] == {
-        "type": "struct", "fields": [{"type": "int32", "optional": True, "field": "tenant"},
-                                     {"type": "string", "optional": True, "field": "code"}],
+        "type": "struct", "fields": [{"type": "int32", "optional": False, "field": "tenant"},
+                                     {"type": "string", "optional": False, "field": "code"}],
         "optional": False, "name": "pgcdc.public.orders.Key"}
 
 
