@@ -115,8 +115,8 @@ class SlotRowWriter(WindowWriter):
         and byte count are settled when the run of such rows ends (:meth:`_settle`).
         """
         spec = self._spec
-        if spec is not None and len(chunk) == spec.size and spec.check(chunk, 0) == spec.expect:
-            res = spec.unpack(chunk, 0)
+        if spec is not None and len(chunk) == spec.size and spec.check(chunk) == spec.expect:
+            res = spec.unpack(chunk)
             spec.after(spec.values(res))
             spec.lsn(res[0])  # type: ignore[arg-type]
             self.room -= 1

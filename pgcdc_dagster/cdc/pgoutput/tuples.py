@@ -282,10 +282,10 @@ class RowLayout:
         self.size = size
         self.expect: tuple[int, ...] = (3, 8, 4, size - 26, code, oid, 0x4E, len(columns),
                                         *kinds)
-        self.check: Callable[[bytes, int], tuple[int, ...]] = struct.Struct(
-            "".join(check)).unpack_from
-        self.unpack: Callable[[bytes, int], tuple[object, ...]] = struct.Struct(
-            "".join(unpack)).unpack_from
+        # Both cover the whole row: ``unpack`` (no offset) once its length is checked.
+        self.check: Callable[[bytes], tuple[int, ...]] = struct.Struct("".join(check)).unpack
+        self.unpack: Callable[[bytes], tuple[object, ...]] = struct.Struct(
+            "".join(unpack)).unpack
         if all(i > 0 for i in picks):
             self.values: Callable[[tuple[object, ...]], Row] = itemgetter(slice(1, None))
         else:  # NULL / unchanged-TOAST columns pick constants appended to the result
