@@ -161,7 +161,10 @@ class TableContext:
         if fresh:
             sub = dataclasses.replace(shaped, columns=tuple(fresh))
             _, convs = self.options.shape(sub, [by_name[c.name] for c in fresh], {})
+            # Fields chosen earlier in this run (the context's own, and shapes seen in earlier
+            # windows, maybe committed since the context read the bronze schema).
             pending = [conv.bronze_field for conv in self.converters]
+            pending += [conv.bronze_field for convs in self._shapes.values() for conv in convs]
             for col, conv in zip(fresh, convs, strict=True):
                 name = assign_field(col.name, conv.bronze_field, self.committed, pending)
                 if name != col.name and col.is_key:

@@ -245,3 +245,21 @@ def test_history_restarts_for_a_table_without_events(tmp_path):
     assert len(read_history(uri, "public", "o'q")) == 1
     fresh.restart(wide)  # nothing to do the second time
     assert DeltaTable(uri).version() == 5  # create, 3 records, delete, record
+
+
+def test_two_type_changes_of_a_column_in_one_run_get_two_versions():
+    convs = (conv("int4", column="id"), conv("int4"))
+    ctx = TableContext(REL, convs, "b", "s", "ba", "sa", ColumnOptions(),
+                       committed=tuple(c.bronze_field for c in convs))
+    to_int8 = Relation(1, "public", "t", "d", (REL.columns[0], Column("c", 20, -1, False)))
+    to_text = Relation(1, "public", "t", "d", (REL.columns[0], Column("c", 25, -1, False)))
+    names = {23: "int4", 20: "int8", 25: "text"}
+
+    def plain(relation: Relation):
+        return [conv(names[col.type_oid], column=col.name) for col in relation.columns]
+
+    _, first = ctx.shape(_segment(to_int8, [b"5000000000"], 200), plain)
+    _, second = ctx.shape(_segment(to_text, [b"x"], 300), plain)
+    _, again = ctx.shape(_segment(to_int8, [b"1"], 400), plain)
+    assert first[1].bronze_field.name == "c__v2" and second[1].bronze_field.name == "c__v3"
+    assert again is first  # a shape seen before keeps its converters
