@@ -449,3 +449,40 @@ def test_record_is_plain_data():
     text = TEXT  # text columns encode as plain strings
     conv = converter_for("v", text, -1, TypeModes())
     assert conv.to_json("x") == "x"
+
+
+def test_versioned_fields_export_under_the_column_name():
+    """After a type change (docs/types.md "Schema changes") a column's values live in
+    ``<column>__v<n>``; the export writes them under the column with the schema of their
+    time (schema-history shape), or the newest schema when no history exists."""
+    from pgcdc_dagster.cdc.column_versions import renamed
+    from pgcdc_dagster.cdc.debezium_json import table_codec_from_bronze, table_codec_of_shape
+    from pgcdc_dagster.lake.schema_history import Shape
+
+    def c(name: str, column: str):
+        return converter_for(column, PgType(0, "pg_catalog", name, "b", "U"), -1, TypeModes())
+
+    rel = Relation(1, "public", "t", "d", (Column("id", 23, -1, True),
+                                           Column("n", 20, -1, False)))
+    old = (c("int4", "id"), c("int4", "n"))
+    new = (old[0], renamed(c("int8", "n"), "n__v2"))
+    row = {"key": {"id": 1}, "before": None, "after": {"id": 1, "n": None, "n__v2": 2**40},
+           "source": {"version": "v", "connector": "postgresql", "name": "p", "ts_ms": 1,
+                      "snapshot": "false", "db": "d", "schema": "public", "table": "t"},
+           "op": "c", "ts_ms": 1}
+    codec = table_codec_of_shape(Shape.of(rel, new).parsed(), "p", "public", "t")
+    value = codec.record(row).value
+    assert value["payload"]["after"] == {"id": 1, "n": 2**40}
+    assert value["schema"]["fields"][1]["fields"][1] == {"type": "int64", "optional": True,
+                                                         "field": "n"}
+    old_codec = table_codec_of_shape(Shape.of(rel, old).parsed(), "p", "public", "t")
+    old_row = {**row, "after": {"id": 1, "n": 7, "n__v2": None}}
+    assert old_codec.record(old_row).value["payload"]["after"] == {"id": 1, "n": 7}
+    # without a history: one field per column, its newest version
+    after = pa.struct([old[0].bronze_field, old[1].bronze_field, new[1].bronze_field])
+    schema = pa.schema([pa.field("key", pa.struct([old[0].bronze_field])),
+                        pa.field("after", after)])
+    fallback = table_codec_from_bronze(schema, "p", "public", "t")
+    assert [(f.name, f.stored) for f in fallback.value_fields] == [("id", "id"),
+                                                                  ("n", "n__v2")]
+    assert fallback.record(row).value["payload"]["after"] == {"id": 1, "n": 2**40}
