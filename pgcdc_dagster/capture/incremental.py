@@ -8,7 +8,8 @@ the chunk (``postgres.chunks``: key order, READ ONLY, COPY text), emit the high 
 the window holding the high watermark, adds the survivors (``op = r``,
 ``source.snapshot = incremental``) to that window, so they are committed to bronze with the
 window (exactly once, like stream events). The next chunk starts right away, from inside
-the hook, so the windows keep flowing. Progress is durable per chunk
+the hook, on a reader thread: its watermarks and SELECT overlap that window's bronze commit
+and the next peek, and the next hook waits for it before observing its window. Progress is durable per chunk
 (``incremental_state``); a killed run resumes at the first chunk not committed.
 """
 
@@ -19,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import psycopg2.extensions
@@ -29,7 +31,7 @@ from pgcdc_dagster.capture.settings import DEFAULT_INCREMENTAL_CHUNK_SIZE, Captu
 from pgcdc_dagster.capture.snapshot import load_contexts
 from pgcdc_dagster.capture.stream import StreamReport, run_windows
 from pgcdc_dagster.capture.tables import TableContext
-from pgcdc_dagster.cdc.changes import Window
+from pgcdc_dagster.cdc.changes import Row, Window
 from pgcdc_dagster.cdc.dblog import (
     ChunkWindow,
     Signal,
@@ -188,6 +190,9 @@ class _Driver:
         self.awaiting: tuple[TableProgress, Lsn] | None = None
         self.started = time.monotonic()
         self.read_seconds = 0.0
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-chunk")
+        self.reading: tuple[TableProgress, ChunkSpec, int, Future[tuple[
+            int, list[Row], list[str | None] | None, float]]] | None = None
 
     def _spec(self, p: TableProgress) -> ChunkSpec:
         ctx = self.contexts[p.qualified]
@@ -227,8 +232,10 @@ class _Driver:
         self.store.save(p)
 
     def start_next(self) -> None:
-        """Emit LW, read the next chunk, emit HW (or finish tables that are done)."""
-        while self.current is None and self.queue:
+        """Launch the next chunk's read (LW, SELECT, HW) in the background, or finish tables
+        that are done. The read overlaps the bronze commit of the window that closed the
+        previous chunk and the next peek; :meth:`settle` waits for it."""
+        while self.current is None and self.reading is None and self.queue:
             p = self.queue[0]
             if self._status(p) != "running":
                 self.queue.pop(0)
@@ -246,18 +253,28 @@ class _Driver:
             # The chunk before may still wait for its window's commit (p.pending).
             after = p.pending["last_key"] if p.pending else p.last_key
             chunk_no = p.chunks_done + (2 if p.pending else 1)
-            t0 = time.monotonic()
-            low = emit_watermark(self.conn, Watermark(p.snapshot_id, p.table, chunk_no, "low"))
-            rows, last = read_chunk(self.settings.dsn, spec, after, p.max_key, p.chunk_size)
-            crash_point("incremental_after_chunk_read")
-            emit_watermark(self.conn, Watermark(p.snapshot_id, p.table, chunk_no, "high"))
-            ctx = self.contexts[p.qualified]
-            window = ChunkWindow.from_rows(p.snapshot_id, p.qualified, chunk_no, ctx.relation,
-                                           ctx.relation.key_names, rows, low)
-            meta: dict[str, object] = {"rows": len(rows), "last_key": last,
-                                       "final": len(rows) < p.chunk_size,
-                                       "read_s": time.monotonic() - t0}
-            self.read_seconds += time.monotonic() - t0
+            self.reading = (p, spec, chunk_no,
+                            self.pool.submit(self._read, p, spec, after, chunk_no))
+
+    def _read(self, p: TableProgress, spec: ChunkSpec, after: list[str | None] | None,
+              chunk_no: int) -> tuple[int, list[Row], list[str | None] | None, float]:
+        """One chunk between its watermarks (runs on the reader thread; the main thread does
+        not use ``self.conn`` meanwhile)."""
+        t0 = time.monotonic()
+        low = emit_watermark(self.conn, Watermark(p.snapshot_id, p.table, chunk_no, "low"))
+        rows, last = read_chunk(self.settings.dsn, spec, after, p.max_key, p.chunk_size)
+        crash_point("incremental_after_chunk_read")
+        emit_watermark(self.conn, Watermark(p.snapshot_id, p.table, chunk_no, "high"))
+        return low, rows, last, time.monotonic() - t0
+
+    def settle(self) -> None:
+        """Wait for the chunk being read and buffer it; a table whose read came back empty
+        is finished and the next table's read waited for too."""
+        while self.reading is not None:
+            p, _spec, chunk_no, future = self.reading
+            self.reading = None
+            low, rows, last, seconds = future.result()
+            self.read_seconds += seconds
             if not rows:
                 if p.pending:  # done once the chunk before is committed
                     p.pending["final"] = True
@@ -265,11 +282,22 @@ class _Driver:
                     p.status = "done"
                 self._save(p)
                 self.queue.pop(0)
+                self.start_next()
                 continue
-            self.current = (p, window, spec, meta)
+            ctx = self.contexts[p.qualified]
+            window = ChunkWindow.from_rows(p.snapshot_id, p.qualified, chunk_no, ctx.relation,
+                                           ctx.relation.key_names, rows, low)
+            meta: dict[str, object] = {"rows": len(rows), "last_key": last,
+                                       "final": len(rows) < p.chunk_size, "read_s": seconds}
+            self.current = (p, window, _spec, meta)
+
+    def close(self) -> None:
+        """Wait for a read still running (an error elsewhere), then stop the reader."""
+        self.pool.shutdown(wait=True)
 
     def hook(self, window: Window, end: Lsn) -> None:
         self.confirm()
+        self.settle()  # the chunk's rows must be buffered before this window is observed
         if self.current is None:
             return
         p, chunk, _spec, meta = self.current
@@ -337,22 +365,27 @@ def run_incremental(settings: CaptureSettings, *,
     with connection(settings.dsn) as conn:
         ident = SourceIdentity(settings.topic_prefix, current_database(conn))
         driver = _Driver(settings, conn, by_name, queue, store, progress)
-        driver.start_next()
-        idle = 0
-        for _ in range(max_rounds):
-            if driver.current is None and driver.awaiting is None:
-                break
-            # A few windows at a time: under constant writes run_windows would stream on
-            # until its time budget after the last chunk.
-            stream = run_windows(dataclasses.replace(settings, max_windows=WINDOWS_PER_ROUND),
-                                 contexts, ident, hook=driver.hook)
-            report.stream.append(stream)
-            if stream.end is not None:
-                driver.confirm(stream.end)
-            idle = idle + 1 if not stream.windows else 0
-            if idle > 3:
-                raise RuntimeError("incremental snapshot: the slot returned no window holding "
-                                   "the high watermark")
+        try:
+            driver.start_next()
+            idle = 0
+            for _ in range(max_rounds):
+                driver.settle()  # its high watermark is written before the next peek
+                if driver.current is None and driver.awaiting is None:
+                    break
+                # A few windows at a time: under constant writes run_windows would stream
+                # on until its time budget after the last chunk.
+                stream = run_windows(dataclasses.replace(settings,
+                                                         max_windows=WINDOWS_PER_ROUND),
+                                     contexts, ident, hook=driver.hook)
+                report.stream.append(stream)
+                if stream.end is not None:
+                    driver.confirm(stream.end)
+                idle = idle + 1 if not stream.windows else 0
+                if idle > 3:
+                    raise RuntimeError("incremental snapshot: the slot returned no window "
+                                       "holding the high watermark")
+        finally:
+            driver.close()
     for p in store.all():
         if only is None or p.table in only:
             report.tables.append(TableReport(p.table, p.status, p.chunks_done, p.chunks_total,
