@@ -92,7 +92,7 @@ def _fresh(seg: TableChanges, done: int | None, skipped: frozenset[str]) -> Tabl
 class _Pending:
     ctx: TableContext
     done: int | None
-    files: list[Future[DataFile]] = field(default_factory=list)
+    files: list[DataFile] = field(default_factory=list)
     schemas: list[pa.Schema] = field(default_factory=list)
     ops: dict[str, int] = field(default_factory=dict)
 
@@ -114,10 +114,10 @@ class BronzeWindowWriter:
     _messages: list[pa.Table] = field(default_factory=list)
     _transactions: list[pa.Table] = field(default_factory=list)
     _meta_done: dict[str, int | None] = field(default_factory=dict)
-    max_pending_writes: int = 2
-    """Part files that may wait for the background writer (each holds its Arrow table)."""
+    max_pending: int = 2
+    """Windows or portions that may wait for the background worker (each holds its rows)."""
     _executor: ThreadPoolExecutor | None = None
-    _inflight: deque[Future[DataFile]] = field(default_factory=deque)
+    _inflight: deque[Future[None]] = field(default_factory=deque)
 
     def _meta_uri(self, name: str) -> str:
         return table_uri(self.lakehouse, "bronze", "_pgcdc", name)
@@ -131,25 +131,18 @@ class BronzeWindowWriter:
                                                       self._meta_app_id(name))
         return self._meta_done[name]
 
-    def _write(self, pending: _Pending, data: pa.Table) -> None:
-        """Queue one part file of ``pending``'s table for the background writer."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="pgcdc-bronze-write")
-        while len(self._inflight) >= self.max_pending_writes:
-            self._inflight.popleft().result()
-        future = self._executor.submit(write_part, pending.ctx.bronze_uri, data, "part-stream")
-        self._inflight.append(future)
-        pending.files.append(future)
-
     def _drain(self) -> None:
-        """Wait for every queued part file (re-raising a failed write)."""
+        """Wait for every queued window or portion (re-raising a failed one)."""
         while self._inflight:
             self._inflight.popleft().result()
 
     def close(self) -> None:
-        """Stop the background writer (waiting for queued writes)."""
+        """Stop the background worker. Errors were raised by :meth:`commit` already; after
+        a failed read nothing of the window is committed, so they are dropped here."""
         try:
             self._drain()
+        except Exception:  # the caller is already failing, or committed (and raised)
+            self._inflight.clear()
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
@@ -168,11 +161,23 @@ class BronzeWindowWriter:
     def add(self, window: Window) -> None:
         """Convert and write the window's (portion's) events as uncommitted part files.
 
+        The work is queued to one background thread, in order, so the caller goes on
+        decoding the window meanwhile (Arrow's kernels and Parquet writer release the GIL);
+        at most ``max_pending`` windows or portions wait, which bounds their memory.
+        :meth:`commit` waits for all of them and re-raises a failure.
+        """
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="pgcdc-bronze")
+        while len(self._inflight) >= self.max_pending:
+            self._inflight.popleft().result()
+        self._inflight.append(self._executor.submit(self._add, window))
+
+    def _add(self, window: Window) -> None:
+        """Convert and write one window or portion (on the background thread).
+
         Each segment is shaped by its table's context first (``TableContext.shape``: the
         table's key, the captured columns, the column options), so streamed events are
-        encoded exactly as the snapshot's. Part files are written by a background thread
-        (Arrow's Parquet writer releases the GIL) while the next segment converts; at most
-        ``max_pending_writes`` tables wait for it, which bounds the memory they hold.
+        encoded exactly as the snapshot's.
         """
         now_ms = int(time.time() * 1000)
         for key, segments in window.tables.items():
@@ -196,7 +201,7 @@ class BronzeWindowWriter:
             ensure_table(pending.ctx.bronze_uri, tables[0].schema)
             for schema, same in groups.items():
                 data = pa.concat_tables(same) if len(same) > 1 else same[0]
-                self._write(pending, data)
+                pending.files.append(write_part(pending.ctx.bronze_uri, data, "part-stream"))
                 pending.schemas.append(schema)
                 counts = pc.value_counts(data.column("op").combine_chunks()).to_pylist()
                 for item in counts:
@@ -232,7 +237,7 @@ class BronzeWindowWriter:
             schema = pa.schema(table.schema().to_arrow())
             for incoming in pending.schemas:
                 schema = evolve(table, incoming, f"bronze of {pending.ctx.name}")
-            commit_files(table, [f.result() for f in pending.files], schema, mode="append",
+            commit_files(table, pending.files, schema, mode="append",
                          app_id=pending.ctx.bronze_app_id, version=int(upto), metadata=meta)
             crash_point("between_table_commits")
             counts[pending.ctx.name] = dict(pending.ops)
