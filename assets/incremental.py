@@ -42,12 +42,14 @@ from pydantic import Field
 from assets.capture import (
     CAPTURE_POOL,
     DEFAULT_OWNERS,
+    META_TABLES,
     SLOT_KEY,
     _previous,
     _rate,
     _silver_metadata,
     bronze_column_schema,
     bronze_key,
+    meta_key,
     silver_key,
     source_key,
 )
@@ -165,6 +167,24 @@ def _bronze_events(ctx: TableContext, report: IncrementalReport, before: TableSt
     return meta
 
 
+def _meta_table_events(name: str, uri: str, report: IncrementalReport, before: TableStats,
+                       seconds: float) -> dict[str, Any]:
+    """Metadata of ``bronze/_pgcdc/<name>`` after an incremental run."""
+    events = sum(sum(s.events_by_table().get(f"_pgcdc.{name}", {}).values())
+                 for s in report.stream)
+    after = table_stats(uri)
+    added = growth(before, after, uri)
+    meta: dict[str, Any] = {"capture_kind": "incremental+stream", "events": events,
+                            "rows_written": added.rows, "bytes_written": added.bytes,
+                            "files_written": added.files, "duration_s": round(seconds, 3),
+                            "rows_per_s": _rate(events, seconds),
+                            "dagster/row_count": after.rows, "table_bytes": after.bytes,
+                            "dagster/uri": uri, **stream_range(report)}
+    if after.version is not None:
+        meta["delta_version"] = after.version
+    return meta
+
+
 def stream_range(report: IncrementalReport) -> dict[str, Any]:
     """``lsn_start``/``lsn_end`` of what the run read from the slot, and the slot's lag."""
     read = [s for s in report.stream if s.start is not None and s.end is not None]
@@ -225,6 +245,8 @@ def build_incremental(tables: Sequence[tuple[str, str]],
             context.log.info(f"incremental snapshot started for {', '.join(outcome.tables)} "
                              f"(chunk size {settings.incremental_chunk_size})")
         before = {c.relation.qualified: table_stats(c.bronze_uri) for c in contexts}
+        meta_before = {n: table_stats(lakehouse.table("bronze", "_pgcdc", n))
+                       for n in META_TABLES}
         started = time.monotonic()
         only = {f"{s}.{t}" for s, t in wanted.values()}
         report = run_incremental(settings, only=only, progress=context.log.info)
@@ -233,6 +255,10 @@ def build_incremental(tables: Sequence[tuple[str, str]],
             context.log_event(dg.AssetMaterialization(
                 asset_key=bronze_key(*ctx.relation.qualified),
                 metadata=_bronze_events(ctx, report, before[ctx.relation.qualified], seconds)))
+        for meta_name in META_TABLES:
+            uri = lakehouse.table("bronze", "_pgcdc", meta_name)
+            context.log_event(dg.AssetMaterialization(asset_key=meta_key(meta_name), metadata=(
+                _meta_table_events(meta_name, uri, report, meta_before[meta_name], seconds))))
         session = spark.get_session()
         health = slot_health(postgres.dsn, capture.slot)
         for name in dict.fromkeys(wanted.values()):

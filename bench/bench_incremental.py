@@ -77,11 +77,10 @@ def main(rows: int) -> None:
                 print(f"chunk {size:>6} writes={'on ' if concurrent else 'off'}: "
                       f"{rate:,.0f} rows/s = {rate / raw:.1%} of raw COPY "
                       f"(emitted {report.tables[0].rows_emitted}, superseded "
-                      f"{report.tables[0].rows_dropped}; chunk reads "
-                      f"{report.read_seconds / seconds:.0%} of the time, slot windows "
-                      f"{1 - report.read_seconds / seconds:.0%}; "
-                      f"{report.tables[0].rows_read / cpu:,.0f} rows per CPU-second of this "
-                      "process, which a loaded machine does not distort)")
+                      f"{report.tables[0].rows_dropped}; chunk reads (on the reader "
+                      f"thread, overlapping the windows) {report.read_seconds / seconds:.0%} "
+                      f"of the wall time; {report.tables[0].rows_read / cpu:,.0f} rows per "
+                      "CPU-second of this process, less sensitive to the machine's load)")
     finally:
         cluster.stop()
 

@@ -145,6 +145,8 @@ def test_backfill_of_two_partitions_repairs_silver(capture, pg_conn, monkeypatch
                for ev in result.get_asset_materialization_events())}
     assert bronze[("bronze", "public", "items")].metadata["capture_kind"].value == \
         "incremental+stream"
+    assert bronze[("bronze", "_pgcdc", "messages")].metadata["events"].value == 0  # no
+    # watermark reaches the messages table
     after = definitions.resolve_job_def("cdc_microbatch").execute_in_process(instance=instance)
     assert after.success
     failed = {e.check_name: e.description for e in after.get_asset_check_evaluations()
