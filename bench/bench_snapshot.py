@@ -4,9 +4,12 @@ Prints the raw ``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` rate of the table
 alone, into a byte-counting sink: the limit), our rate from PostgreSQL to committed bronze
 and silver Delta tables (``run_snapshot``: new slot with an exported snapshot, key-range
 chunks read by Spark tasks, Parquet, delta-rs commits), and their ratio (issue 5 target:
->= 0.5). Each measurement is repeated (``--repeat``) and the best is kept, raw and ours
-alternately, so both see the same machine load; the first snapshot of a fresh Spark session
-(Python workers starting) is reported apart.
+>= 0.5). Raw and ours are measured alternately (``--repeat`` pairs), so both see the same
+machine load; it prints the ratio of the best times, the best and median of the per-pair
+ratios, the load average, and the CPU seconds each side used (PostgreSQL's processes plus
+this process and its children: the Spark JVM and its Python workers), which is what decides
+the ratio on a small machine where PostgreSQL and the Spark tasks share the cores. The first
+snapshot of a fresh Spark session (Python workers starting) is reported apart.
 
     .venv/bin/python bench/bench_snapshot.py [--rows 2000000] [--repeat 3]
 """
@@ -15,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg2
@@ -53,6 +58,38 @@ class Sink:
         return len(data)
 
 
+def tree_cpu_seconds(roots: list[int]) -> float:
+    """User + system CPU of the processes under ``roots`` (reaped children included)."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0.0
+    children: dict[int, list[int]] = {}
+    used: dict[int, int] = {}
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(p))
+        used[int(p)] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    total, stack = 0, list(roots)
+    while stack:
+        pid = stack.pop()
+        total += used.get(pid, 0)
+        stack.extend(children.get(pid, []))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def measured(roots: list[int], run: Callable[[], tuple[float, int]]) -> tuple[float, int, float]:
+    """``run``'s (seconds, count) and the CPU seconds the processes under ``roots`` used."""
+    before = tree_cpu_seconds(roots)
+    seconds, count = run()
+    return seconds, count, tree_cpu_seconds(roots) - before
+
+
 def raw_copy_seconds(dsn: str, tables: list[str]) -> tuple[float, int]:
     conn = psycopg2.connect(dsn)
     sink = Sink()
@@ -80,6 +117,11 @@ def snapshot_seconds(dsn: str, root: Path, name: str, spark: object) -> tuple[fl
     return elapsed, report.rows
 
 
+def cluster_pid(data_dir: Path) -> int:
+    """The postmaster's PID (its backends are its children)."""
+    return int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows across all tables")
@@ -102,22 +144,41 @@ def main() -> None:
         spark = build_session()
         spark.range(10).count()  # the JVM's start-up is not snapshot work
         raw_copy_seconds(cluster.dsn, list(TABLES))  # warm the cache
+        roots = [cluster_pid(cluster.data_dir), os.getpid()]
+        load_start = os.getloadavg()
         cold, rows = snapshot_seconds(cluster.dsn, root, "cold", spark)
         assert rows == total, (rows, total)
-        raw_s, ours_s = float("inf"), float("inf")
+        raws: list[float] = []
+        ours: list[float] = []
+        raw_cpu: list[float] = []
+        our_cpu: list[float] = []
         raw_bytes = 0
         for i in range(args.repeat):
-            elapsed, raw_bytes = raw_copy_seconds(cluster.dsn, list(TABLES))
-            raw_s = min(raw_s, elapsed)
-            elapsed, rows = snapshot_seconds(cluster.dsn, root, f"warm{i}", spark)
+            elapsed, raw_bytes, cpu = measured(
+                roots, lambda: raw_copy_seconds(cluster.dsn, list(TABLES)))
+            raws.append(elapsed)
+            raw_cpu.append(cpu)
+            elapsed, rows, cpu = measured(
+                roots, lambda i=i: snapshot_seconds(cluster.dsn, root, f"warm{i}", spark))
             assert rows == total, (rows, total)
-            ours_s = min(ours_s, elapsed)
-        raw, ours = total / raw_s, total / ours_s
+            ours.append(elapsed)
+            our_cpu.append(cpu)
+        load_end = os.getloadavg()
+        pairs = [r / o for r, o in zip(raws, ours, strict=True)]
+        raw_s, ours_s = min(raws), min(ours)
         print(f"rows: {total:,} in {len(TABLES)} tables ({raw_bytes / 1e6:.0f} MB as COPY binary)")
-        print(f"raw COPY binary (limit): {raw:,.0f} rows/s ({raw_s:.2f} s)")
-        print(f"pgcdc snapshot to committed bronze+silver: {ours:,.0f} rows/s ({ours_s:.2f} s); "
-              f"first in a fresh Spark session: {total / cold:,.0f} rows/s ({cold:.2f} s)")
-        print(f"ratio: {ours / raw:.2f}")
+        print(f"raw COPY binary (limit): {total / raw_s:,.0f} rows/s ({raw_s:.2f} s best, "
+              f"{statistics.median(raws):.2f} s median; {min(raw_cpu):.2f} CPU s)")
+        print(f"pgcdc snapshot to committed bronze+silver: {total / ours_s:,.0f} rows/s "
+              f"({ours_s:.2f} s best, {statistics.median(ours):.2f} s median; "
+              f"{min(our_cpu):.2f} CPU s); first in a fresh Spark session: "
+              f"{total / cold:,.0f} rows/s ({cold:.2f} s)")
+        print(f"load average: {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end "
+              f"({os.cpu_count()} CPUs)")
+        print(f"ratio per pair: {', '.join(f'{r:.2f}' for r in pairs)}; best "
+              f"{max(pairs):.2f}, median {statistics.median(pairs):.2f}")
+        print(f"CPU seconds ours/raw: {min(our_cpu) / max(min(raw_cpu), 1e-9):.1f}")
+        print(f"ratio: {ours_s and raw_s / ours_s:.2f}")
         spark.stop()
     finally:
         cluster.stop()
