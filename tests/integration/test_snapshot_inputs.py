@@ -108,10 +108,14 @@ def test_override_and_include_list_end_to_end(pg_dsn, pg_conn, spark, lakehouse)
 
 
 @pytest.mark.spark
-def test_table_vanishing_during_the_snapshot(pg_dsn, pg_conn, spark, lakehouse) -> None:
+@pytest.mark.parametrize("threads", [1, 0], ids=["job-per-chunk", "one-job"])
+def test_table_vanishing_during_the_snapshot(threads, pg_dsn, pg_conn, spark,
+                                             lakehouse) -> None:
+    """Both ways of running the chunks: one Spark job per chunk (snapshot.max.threads below
+    the parallelism) and all chunks in one job reporting as they finish (the default)."""
     with pg_conn.cursor() as cur:
         cur.execute(SCHEMA)
-    settings = settings_for(pg_dsn, lakehouse, snapshot_max_threads=1)
+    settings = settings_for(pg_dsn, lakehouse, snapshot_max_threads=threads)
     dropper = psycopg2.connect(pg_dsn)
     dropper.autocommit = True
 
