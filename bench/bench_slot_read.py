@@ -17,7 +17,8 @@ Runs alternate raw/ours ``--repeat`` times after a warm-up; best and median are 
 ``--bronze`` also times the project's typed bronze builder (``cdc.envelope``) per segment,
 for information. Timings on a shared machine are noisy: the load average is printed.
 
-    .venv/bin/python bench/bench_slot_read.py [--changes N] [--repeat R] [--portion P] [--bronze]
+    .venv/bin/python bench/bench_slot_read.py [--changes N] [--repeat R] [--portion P]
+        [--varied] [--bronze]
 """
 
 from __future__ import annotations
@@ -95,8 +96,12 @@ def window_to_arrow(window: Window) -> list[pa.Table]:
     return [segment_to_arrow(seg) for seg in window.segments()]
 
 
-def prepare(dsn: str, changes: int) -> Lsn:
-    """Create the table, publication and slot, then write ``changes`` changes."""
+def prepare(dsn: str, changes: int, varied: bool = False) -> Lsn:
+    """Create the table, publication and slot, then write ``changes`` changes.
+
+    ``varied``: value lengths change from row to row (text of 0-22 extra characters, amounts
+    of varying digits), so the learnt row layouts rarely apply: the per-column parse path.
+    """
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     cur = conn.cursor()
@@ -107,13 +112,15 @@ def prepare(dsn: str, changes: int) -> Lsn:
     started = time.monotonic()
     for lo in range(1, inserts + 1, BATCH):
         hi = min(lo + BATCH - 1, inserts)
-        cur.execute("INSERT INTO src SELECT g, 'name ' || g, g * 1.5, now(), "
+        name = "'name ' || repeat('x', (g::bigint * 7919 %% 23)::int)" if varied else "'name ' || g"
+        cur.execute(f"INSERT INTO src SELECT g, {name}, g * 1.5, now(), "
                     "jsonb_build_object('k', g, 'tag', 't' || (g %% 10)) "
                     "FROM generate_series(%s, %s) g", (lo, hi))
     updates = changes - inserts
     for lo in range(1, updates + 1, BATCH):
         hi = min(lo + BATCH - 1, updates)
-        cur.execute("UPDATE src SET amount = amount + 1, updated_at = now() "
+        amount = "amount * (id::bigint * 7919 %% 1000)" if varied else "amount + 1"
+        cur.execute(f"UPDATE src SET amount = {amount}, updated_at = now() "
                     "WHERE id BETWEEN %s AND %s", (lo, hi))
     cur.execute("CHECKPOINT")
     cur.execute("SELECT pg_current_wal_flush_lsn()::text")
@@ -196,12 +203,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--portion", type=int, default=100_000,
                         help="portion_changes of the portioned variant (0: skip it)")
+    parser.add_argument("--varied", action="store_true",
+                        help="value lengths vary row to row (learnt layouts rarely apply)")
     parser.add_argument("--bronze", action="store_true",
                         help="also time typed bronze conversion (cdc.envelope)")
     args = parser.parse_args()
     cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="pgcdc-bench-slot-")) / "pg").start()
     try:
-        upto = prepare(cluster.dsn, args.changes)
+        upto = prepare(cluster.dsn, args.changes, args.varied)
         conn = psycopg2.connect(cluster.dsn)
         conn.autocommit = True
         options = choose_options(conn.server_version, ("bench_pub",))

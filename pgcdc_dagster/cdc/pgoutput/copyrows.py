@@ -123,15 +123,10 @@ class SlotRowWriter(WindowWriter):
             if not self.room:
                 self._portion_now()
             return
-        self._copy_slow(chunk)
-
-    def _copy_slow(self, chunk: bytes) -> None:
-        """Any row off the row-layout path.
-
-        An Insert/Update/Delete is the body of :meth:`WindowWriter.change`, inlined: at a
-        million rows per window a Python call more per row is measurable.
-        """
-        self._settle()
+        # Any other row. An Insert/Update/Delete is the body of WindowWriter.change, inlined:
+        # at a million rows per window a Python call more per row is measurable.
+        if spec is not None:
+            self._settle()
         size = len(chunk)
         self.copy_bytes += size
         self.copy_messages += 1
