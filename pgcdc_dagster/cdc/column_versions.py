@@ -22,6 +22,7 @@ NULL) keeps the field. So ``numeric(10,2) -> numeric(12,2)`` stays in place, whi
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -167,8 +168,11 @@ class VersionedConverter:
             meta[COLUMN_META] = self.column.encode()
         self.bronze_field = pa.field(name, base.bronze_field.type, base.bronze_field.nullable,
                                      metadata=meta)
-        self.silver_field = base.silver_field
         self.superseded = tuple(superseded)
+        self.silver_field = base.silver_field
+        if self.superseded:
+            chain = [old.silver_field for old in reversed(self.superseded)]
+            self.silver_field = with_silver_chain(base.silver_field, chain)
 
     def __repr__(self) -> str:
         return f"VersionedConverter({self.bronze_field.name!r}, {self.base!r})"
@@ -214,6 +218,62 @@ def superseded_of(conv: ColumnConverter) -> tuple[ColumnConverter, ...]:
     return tuple(getattr(conv, "superseded", ()))
 
 
+SILVER_CHAIN_META = b"pgcdc.silver_chain"
+"""Silver field metadata: the silver types of the column's older versions, oldest first
+(an Arrow IPC schema, base64), so a stored value is cast through each type in turn, as
+PostgreSQL converted it at each ALTER (``int -> numeric(6,1) -> text`` gives ``4.0``)."""
+
+
+def with_silver_chain(field: pa.Field, older: Sequence[pa.Field]) -> pa.Field:
+    """``field`` with the silver types of its older versions in its metadata."""
+    schema = pa.schema([f.with_name(f"v{i}").with_metadata({}) for i, f in enumerate(older)])
+    blob = base64.b64encode(schema.serialize().to_pybytes())
+    return field.with_metadata({**(field.metadata or {}), SILVER_CHAIN_META: blob})
+
+
+def silver_chain(field: pa.Field) -> list[pa.DataType]:
+    """The silver types a value passes through to reach ``field``: its older versions',
+    oldest first, then its own."""
+    blob = (field.metadata or {}).get(SILVER_CHAIN_META)
+    if blob is None:
+        return [field.type]
+    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(blob)))
+    return [*(f.type for f in schema), field.type]
+
+
+def cast_through(values: pa.Array, chain: Sequence[pa.DataType]) -> pa.Array:
+    """``values`` cast along ``chain`` from the first type after the one they have (the
+    whole chain when their type is not in it); the result has the chain's last type."""
+    def equivalent(a: pa.DataType, b: pa.DataType) -> bool:
+        texts = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+        if any(t(a) for t in texts) and any(t(b) for t in texts):
+            return True
+        return same_storage(a, b)
+
+    start = 0
+    for i, typ in enumerate(chain):
+        if equivalent(values.type, typ):
+            start = i + 1
+    for typ in chain[start:]:
+        values = safe_cast(values, typ)
+    return values
+
+
+def safe_cast(values: pa.Array, typ: pa.DataType) -> pa.Array:
+    """Arrow's safe cast; to a narrow decimal through a wide one (Arrow refuses casting an
+    integer to a decimal whose precision cannot hold every integer, even when the values
+    fit; the second cast checks the values)."""
+    if values.type == typ:
+        return values
+    try:
+        return values.cast(typ, safe=True)
+    except pa.ArrowInvalid:
+        if not (pa.types.is_decimal(typ) and (pa.types.is_integer(values.type)
+                                              or pa.types.is_decimal(values.type))):
+            raise
+        return values.cast(pa.decimal128(38, typ.scale), safe=True).cast(typ, safe=True)
+
+
 def silver_values(conv: ColumnConverter, children: Mapping[str, pa.Array], n: int) -> pa.Array:
     """The silver values of one column from a batch of bronze images.
 
@@ -228,14 +288,17 @@ def silver_values(conv: ColumnConverter, children: Mapping[str, pa.Array], n: in
     target = conv.silver_field.type
     name = conv.bronze_field.name
     out = from_bronze(conv, children[name]) if name in children else pa.nulls(n, target)
-    for old in superseded_of(conv):
+    superseded = superseded_of(conv)
+    for j, old in enumerate(superseded):
         field = old.bronze_field.name
         if field not in children:
             continue
         older = from_bronze(old, children[field])
         if older.null_count == len(older):
             continue
-        if older.type != target:
-            older = older.cast(target, safe=True)
+        # through the silver types of the newer versions, as PostgreSQL converted it
+        newer = [s.silver_field.type for s in reversed(superseded[:j])]
+        for typ in (*newer, target):
+            older = safe_cast(older, typ)
         out = pc.coalesce(out, older)
     return out

@@ -9,8 +9,9 @@ or a column mapper; the schema history, ``lake/schema_history.py``, keeps every 
 Bronze never changes a field's type: a column whose encoding changes is stored in a new,
 versioned field (``cdc/column_versions.py``), so a type conflict reaching :func:`evolve` on
 bronze is a bug and is refused. Silver is derived current state: with ``cast_changed`` a
-changed column type rewrites silver once, every stored value cast to the new type (refused,
-with the fix, when a value does not cast exactly).
+changed column type rewrites silver once, every stored value cast to the new type through the
+silver types of the column's intermediate versions (refused, with the fix, when a value does
+not cast exactly).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from pgcdc_dagster.cdc.column_versions import cast_through, silver_chain
 from pgcdc_dagster.exceptions import PgCdcError
 
 
@@ -174,7 +176,7 @@ def rewrite_cast(table: DeltaTable, incoming: pa.Schema, what: str) -> None:
                 column = batch.column(idx)
                 try:
                     columns.append(column if column.type == field.type
-                                   else column.cast(field.type, safe=True))
+                                   else cast_through(column, silver_chain(field)))
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     failed.append(exc)
                     raise SchemaChangeError(

@@ -14,6 +14,9 @@ from deltalake import DeltaTable
 
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.capture.snapshot import load_contexts
+from pgcdc_dagster.capture.stream import run_windows
+from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.export import export_table
 from pgcdc_dagster.lake.evolution import SchemaChangeError
 from pgcdc_dagster.lake.paths import table_uri
@@ -203,3 +206,34 @@ def test_key_type_change_is_refused_with_the_fix(pg_dsn, pg_conn, spark, lakehou
         cur.execute("SELECT confirmed_flush_lsn < pg_current_wal_lsn() FROM pg_replication_slots "
                     "WHERE slot_name = 'evo3'")
         assert cur.fetchone()[0]  # nothing was skipped: the slot did not move past it
+
+
+def test_type_change_after_the_contexts_were_built(pg_dsn, pg_conn, spark, lakehouse) -> None:
+    """The stream meets a type change its table contexts do not know (they were built before
+    the ALTER, as in a long run): the new values still go to a versioned field."""
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE s (id int PRIMARY KEY, a int, note text)")
+        cur.execute("INSERT INTO s SELECT g, g, 'n' || g FROM generate_series(1, 5) g")
+        cur.execute("SELECT current_database()")
+        db = cur.fetchone()[0]
+    settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), include=("public\\.s",),
+                               slot="evo4", publication="evo4")
+    run_bronze(settings, spark, force_snapshot_step=True)
+    contexts = load_contexts(settings)  # built for a int
+    with pg_conn.cursor() as cur:
+        cur.execute("UPDATE s SET a = -1 WHERE id = 1")
+        cur.execute("ALTER TABLE s ALTER COLUMN a TYPE numeric(6,1)")
+        cur.execute("UPDATE s SET a = 2.5 WHERE id = 2")
+        cur.execute("ALTER TABLE s ALTER COLUMN a TYPE text")
+        cur.execute("UPDATE s SET a = 'drei' WHERE id = 3")
+    run_windows(settings, contexts, SourceIdentity(settings.topic_prefix, db))
+    run_silver(settings, spark)
+    after = _bronze(lakehouse).schema.field("after").type
+    assert [after.field(i).name for i in range(after.num_fields)] == [
+        "id", "a", "note", "a__v2", "a__v3"]
+    updates = sorted((r["__commit_lsn"], r["after"]) for r in _bronze(lakehouse).to_pylist()
+                     if r["op"] == "u")
+    assert [(u["a"], u["a__v2"], u["a__v3"]) for _, u in updates] == [
+        (-1, None, None), (None, (25).to_bytes(1, "big"), None), (None, None, "drei")]
+    assert_silver_equals_source(pg_conn, table_uri(str(lakehouse), "silver", "public", "s"),
+                                "public", "s", ["id"])

@@ -263,3 +263,25 @@ def test_two_type_changes_of_a_column_in_one_run_get_two_versions():
     _, again = ctx.shape(_segment(to_int8, [b"1"], 400), plain)
     assert first[1].bronze_field.name == "c__v2" and second[1].bronze_field.name == "c__v3"
     assert again is first  # a shape seen before keeps its converters
+
+
+def test_values_follow_the_chain_of_type_changes(tmp_path):
+    """int -> numeric(6,1) -> text: PostgreSQL converted a stored 4 to 4.0, then to '4.0';
+    silver does the same, for batch events and for the rewrite of stored rows."""
+    from pgcdc_dagster.cdc.column_versions import SILVER_CHAIN_META, silver_chain
+
+    v1 = conv("int4")
+    v2 = renamed(conv("numeric", numeric(6, 1)), "c__v2")
+    v3 = renamed(conv("text"), "c__v3", superseded=[v2, v1])
+    assert SILVER_CHAIN_META in v3.silver_field.metadata
+    assert silver_chain(v3.silver_field) == [pa.int32(), pa.decimal128(6, 1), pa.string()]
+    children = {"c": pa.array([4, None, None], pa.int32()),
+                "c__v2": v2.to_bronze(pa.array([None, "2.5", None])),
+                "c__v3": pa.array([None, None, "drei"])}
+    assert silver_values(v3, children, 3).to_pylist() == ["4.0", "2.5", "drei"]
+    uri = str(tmp_path / "silver")
+    write_deltalake(uri, pa.table({"id": pa.array([1], pa.int32()),
+                                   "c": pa.array([4], pa.int32())}))
+    evolve(DeltaTable(uri), pa.schema([pa.field("id", pa.int32()), v3.silver_field]), "silver",
+           cast_changed=True)
+    assert DeltaTable(uri).to_pyarrow_table()["c"].to_pylist() == ["4.0"]
