@@ -164,6 +164,58 @@ def row_parser(ncols: int) -> RowParser:
     return generated
 
 
+MetaParser = Callable[[bytes, int], tuple[Row, int, tuple[int, ...]]]
+"""``parser(buf, pos) -> (row, pos_after, shape)``: also the (kind, length or -1) pairs."""
+
+_META_PARSERS: dict[int, MetaParser] = {}
+
+_META_TEMPLATE = """\
+    k{i} = buf[p]
+    if k{i} == 116 or k{i} == 98:
+        n{i} = u32(buf, p + 1)[0]
+        e = p + 5 + n{i}
+        v{i} = buf[p + 5:e]
+        p = e
+    elif k{i} == 110:
+        v{i} = None
+        n{i} = -1
+        p += 1
+    elif k{i} == 117:
+        v{i} = toast
+        n{i} = -1
+        p += 1
+    else:
+        raise WireError("unknown tuple column kind %#04x" % k{i}, p)
+"""
+
+
+def meta_parser(ncols: int) -> MetaParser:
+    """Like :func:`row_parser`, also returning the tuple's shape (a :class:`RowLayout`
+    key): the kind byte and value length (-1 for NULL / unchanged TOAST) of every column."""
+    parser = _META_PARSERS.get(ncols)
+    if parser is not None:
+        return parser
+    if not 0 <= ncols <= 1664:  # MaxTupleAttributeNumber
+        raise ValueError(f"column count out of range: {ncols}")
+    lines = [
+        "def parse(buf, p):",
+        f"    if buf[p] != {ncols >> 8} or buf[p + 1] != {ncols & 0xFF}:",
+        f"        raise WireError('TupleData has %d columns, the relation {ncols}'"
+        " % ((buf[p] << 8) | buf[p + 1]), p)",
+        "    p += 2",
+    ]
+    lines += [_META_TEMPLATE.format(i=i) for i in range(ncols)]
+    values = "".join(f"v{i}, " for i in range(ncols))
+    shape = "".join(f"k{i}, n{i}, " for i in range(ncols))
+    lines.append(f"    return ({values}), p, ({shape})")
+    namespace: dict[str, object] = {
+        "u32": _unpack_u32, "toast": UNCHANGED_TOAST, "WireError": WireError}
+    exec("\n".join(lines), namespace)  # generated from constants only, no external input
+    generated = cast(MetaParser, namespace["parse"])
+    _META_PARSERS[ncols] = generated
+    return generated
+
+
 _CONSTS = (None, UNCHANGED_TOAST)
 _KIND_BYTES = {_KIND_NULL: b"n", _KIND_TOAST: b"u", _KIND_TEXT: b"t", _KIND_BINARY: b"b"}
 
@@ -178,13 +230,10 @@ class Layout:
     value offsets identical by construction: the result is exact, never a guess.
     """
 
-    __slots__ = ("columns", "expect", "meta", "size", "unpack", "values")
+    __slots__ = ("expect", "meta", "size", "unpack", "values")
 
     def __init__(self, fmt: str, meta: list[int], expect: tuple[object, ...],
-                 picks: list[int], padded: bool, columns: tuple[tuple[int, int], ...] = ()
-                 ) -> None:
-        self.columns = columns
-        """(kind byte, value length or -1) of every column."""
+                 picks: list[int], padded: bool) -> None:
         compiled = struct.Struct(fmt)
         self.size = compiled.size
         self.unpack: Callable[[bytes, int], tuple[object, ...]] = compiled.unpack_from
@@ -208,13 +257,11 @@ def learn_layout(buf: bytes, pos: int, end: int) -> Layout | None:
     expect: list[object] = [ncols]
     picks: list[int] = []
     consts: list[int] = []
-    columns: list[tuple[int, int]] = []
     index, p = 1, pos + 2
     for _ in range(ncols):
         kind = buf[p]
         if kind == _KIND_TEXT or kind == _KIND_BINARY:
             length = _unpack_u32(buf, p + 1)[0]
-            columns.append((kind, length))
             fmt.append(f"cI{length}s")
             meta += [index, index + 1]
             expect += [_KIND_BYTES[kind], length]
@@ -222,7 +269,6 @@ def learn_layout(buf: bytes, pos: int, end: int) -> Layout | None:
             index += 3
             p += 5 + length
         elif kind == _KIND_NULL or kind == _KIND_TOAST:
-            columns.append((kind, -1))
             fmt.append("c")
             meta.append(index)
             expect.append(_KIND_BYTES[kind])
@@ -235,7 +281,7 @@ def learn_layout(buf: bytes, pos: int, end: int) -> Layout | None:
     if p != end:
         return None
     picks = [index + (0 if i == -1 else 1) if i < 0 else i for i in picks]
-    return Layout("".join(fmt), meta, tuple(expect), picks, bool(consts), tuple(columns))
+    return Layout("".join(fmt), meta, tuple(expect), picks, bool(consts))
 
 
 _COPY_HEAD = ">hi8xi4xiBIBh"
@@ -254,18 +300,21 @@ class RowLayout:
     marker and every kind byte and value length (all as ints); the row matches only if its
     length is :attr:`size` and those equal :attr:`expect`, which fixes every value offset,
     so :attr:`unpack` then reads the LSN and the values exactly. ``values(unpack(row))`` is
-    the row's tuple and ``unpack(row)[0]`` its LSN.
+    the row's tuple and ``unpack(row)[0]`` its LSN. Both structs span the whole row, so
+    they take ``unpack`` (no offset) once the length is checked.
     """
 
-    __slots__ = ("after", "check", "expect", "lsn", "op", "size", "unpack", "values")
+    __slots__ = ("check", "expect", "op", "shape", "size", "unpack", "values")
 
-    def __init__(self, code: int, oid: int, columns: tuple[tuple[int, int], ...]) -> None:
+    def __init__(self, code: int, oid: int, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        """Kind byte and value length (-1: none) of every column, flat."""
         check = [_COPY_HEAD]
         unpack = [_COPY_LSN]
         kinds: list[int] = []
         picks: list[int] = []
         index, size = 1, 34
-        for kind, length in columns:
+        for kind, length in zip(shape[::2], shape[1::2], strict=True):
             kinds.append(kind)
             if length < 0:
                 check.append("B")
@@ -280,9 +329,8 @@ class RowLayout:
                 index += 1
                 size += 5 + length
         self.size = size
-        self.expect: tuple[int, ...] = (3, 8, 4, size - 26, code, oid, 0x4E, len(columns),
+        self.expect: tuple[int, ...] = (3, 8, 4, size - 26, code, oid, 0x4E, len(picks),
                                         *kinds)
-        # Both cover the whole row: ``unpack`` (no offset) once its length is checked.
         self.check: Callable[[bytes], tuple[int, ...]] = struct.Struct("".join(check)).unpack
         self.unpack: Callable[[bytes], tuple[object, ...]] = struct.Struct(
             "".join(unpack)).unpack
@@ -296,10 +344,18 @@ class RowLayout:
             else:
                 self.values = lambda res: getter(res + _CONSTS)
         self.op = "c" if code == 0x49 else "u"
-        self.after: Callable[[Row | None], None] = _unbound
-        """``append`` of the receiving segment's lists, bound when the layout is used."""
-        self.lsn: Callable[[int], None] = _unbound
 
 
-def _unbound(value: object) -> None:
-    raise AssertionError("row layout used before binding a segment")
+_ROW_LAYOUTS: dict[tuple[int, int, tuple[int, ...]], RowLayout] = {}
+_ROW_LAYOUTS_MAX = 4096
+
+
+def row_layout(code: int, oid: int, shape: tuple[int, ...]) -> RowLayout:
+    """The (cached) :class:`RowLayout` of ``code`` rows of relation ``oid`` with ``shape``."""
+    key = (code, oid, shape)
+    layout = _ROW_LAYOUTS.get(key)
+    if layout is None:
+        if len(_ROW_LAYOUTS) >= _ROW_LAYOUTS_MAX:
+            _ROW_LAYOUTS.clear()
+        layout = _ROW_LAYOUTS[key] = RowLayout(code, oid, shape)
+    return layout

@@ -36,11 +36,12 @@ from pgcdc_dagster.cdc.changes import (
     Window,
 )
 from pgcdc_dagster.cdc.pgoutput.tuples import (
-    Layout,
+    MetaParser,
     RowLayout,
     RowParser,
     WireError,
     learn_layout,
+    meta_parser,
     row_parser,
 )
 
@@ -53,8 +54,8 @@ _NEW, _KEY, _OLD = 0x4E, 0x4B, 0x4F  # 'N', 'K', 'O'
 class _Target:
     """The segment that receives a relation's rows, with its list appenders bound."""
 
-    __slots__ = ("after", "gen", "interval", "layout", "learned_at", "lsn", "misses", "op",
-                 "parse", "qualified", "row_layouts", "seg", "spec_expect", "spec_meta",
+    __slots__ = ("after", "gen", "interval", "learned_at", "lsn", "misses", "op", "parse",
+                 "parse_shape", "qualified", "seg", "sized", "spec_expect", "spec_meta",
                  "spec_size", "spec_unpack", "spec_values")
 
     def __init__(self, seg: TableChanges) -> None:
@@ -74,9 +75,10 @@ class _Target:
         self.misses = 0
         self.interval = 1
         self.learned_at = 0
-        self.layout: Layout | None = None
-        self.row_layouts: dict[int, RowLayout] = {}
-        """Whole-COPY-row layouts derived from :attr:`layout`, by message type."""
+        # Whole-COPY-row layouts (tuples.RowLayout), used by copyrows.SlotRowWriter.
+        self.parse_shape: MetaParser = meta_parser(len(seg.relation.columns))
+        self.sized: dict[int, dict[int, RowLayout]] = {}
+        """Message type -> row length -> the last row layout seen of that length."""
 
     def parse_and_learn(self, buf: bytes, pos: int, end: int) -> tuple[Row, int]:
         """Parse a new tuple the slow way; now and then learn its layout for the next rows.
@@ -89,8 +91,7 @@ class _Target:
         if self.misses >= self.interval and p == end:
             rows = len(self.seg.op) - self.learned_at
             self.interval = 16 if rows >= 2 * self.misses else min(self.interval * 2, 4096)
-            layout = self.layout = learn_layout(buf, pos, end)
-            self.row_layouts = {}
+            layout = learn_layout(buf, pos, end)
             if layout is None:
                 self.spec_size = -1
             else:
@@ -104,24 +105,9 @@ class _Target:
         return row, p
 
 
-    def row_layout(self, code: int, oid: int) -> RowLayout | None:
-        """The whole-row layout of ``code`` rows matching the learnt tuple layout, bound to
-        this target's segment."""
-        layout = self.layout
-        if layout is None:
-            return None
-        row = self.row_layouts.get(code)
-        if row is None:
-            row = self.row_layouts[code] = RowLayout(code, oid, layout.columns)
-        row.after = self.after
-        row.lsn = self.lsn
-        return row
-
     def park(self) -> None:
         """Let go of the segment (handed out in a portion) until :meth:`rebind`."""
         self.rebind(TableChanges(self.seg.relation))
-        for row in self.row_layouts.values():
-            row.after = row.lsn = _unbound_append
 
     def rebind(self, seg: TableChanges) -> None:
         """Write into ``seg`` from now on (after a portion), keeping the learnt layout."""
@@ -131,10 +117,6 @@ class _Target:
         self.after = seg.after.append
         self.gen = -1
         self.learned_at = 0
-
-
-def _unbound_append(value: object) -> None:
-    raise AssertionError("row layout of a parked target used")
 
 
 def _no_unpack(buf: bytes, pos: int) -> tuple[object, ...]:
