@@ -172,8 +172,11 @@ def run_chunk(task: ChunkTask) -> ChunkResult:
     try:
         return _run_chunk(task, started)
     except exceptions.PgCdcError as exc:
+        message, table = str(exc), f"{task.chunk.schema}.{task.chunk.table}"
+        if table not in message:  # e.g. a converter's error names the column, not the table
+            message = f"{table}: {message}"
         return ChunkResult(task.chunk, task.lsn, 0, None, None, time.monotonic() - started,
-                           ChunkError(type(exc).__name__, str(exc)))
+                           ChunkError(type(exc).__name__, message))
     except psycopg2.Error as exc:
         message = (exc.pgerror or str(exc) or type(exc).__name__).strip()
         return ChunkResult(task.chunk, task.lsn, 0, None, None, time.monotonic() - started,

@@ -140,7 +140,8 @@ def test_unconvertible_value_names_column_and_mode(pg_dsn, pg_conn, spark, lakeh
                     "INSERT INTO m SELECT g, g / 7.0 FROM generate_series(1, 5000) g; "
                     "UPDATE m SET amount = 'NaN' WHERE id = 4321")
     settings = settings_for(pg_dsn, lakehouse, snapshot_chunk_bytes=32 << 10)
-    with pytest.raises(UnsupportedTypeError, match=r"'amount'.*decimal\.handling\.mode"):
+    with pytest.raises(UnsupportedTypeError,
+                       match=r"public\.m: column 'amount'.*decimal\.handling\.mode"):
         run_bronze(settings, spark, force_snapshot_step=True)
     # The user switches the mode: the open snapshot is finished with the new converters
     # (chunks written under the old mode are read again, never mixed in).
