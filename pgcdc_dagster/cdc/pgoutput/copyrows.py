@@ -18,8 +18,9 @@ table and type: a following row whose length has a layout is checked against it 
 ``struct`` unpack (every framing field, the relation oid, every kind byte and length) and,
 if it matches exactly, its LSN and values are read with a second one; only ``after`` and
 ``lsn`` are appended per row, ``op`` and the message count are settled when the path is left
-or interrupted. Any other row takes the code above. On bulk loads where value lengths
-vary from row to row, about four rows in five still match a layout of their length.
+or interrupted. Any other row takes the code above. On a bulk load whose value lengths vary
+from row to row (``bench/bench_slot_read.py --varied``) about four rows in five still match
+the layout last seen for their length.
 
 Errors inside ``write`` are kept (the rest of the COPY is drained without work, so the
 connection stays usable) and raised by :meth:`CopySink.close`.
@@ -128,6 +129,8 @@ class SlotRowWriter(WindowWriter):
         if shape is not None:
             known = layouts.get(size)
             if known is None or known.shape != shape:
+                if len(layouts) >= _MAX_LAYOUTS:
+                    layouts.clear()
                 layouts[size] = row_layout(code, oid, shape)
         if self._active is not target or self._active_code != code:
             self._settle()
@@ -245,6 +248,8 @@ class SlotRowWriter(WindowWriter):
             self.fail(exc)
 
 
+_MAX_LAYOUTS = 1024
+"""Row lengths remembered per table and message type."""
 _NO_LAYOUTS: dict[int, RowLayout] = {}
 """Off the row-layout path (never written to)."""
 
