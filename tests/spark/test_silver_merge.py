@@ -179,3 +179,38 @@ def test_key_change_with_unchanged_toast_takes_the_old_keys_value(spark, lakehou
     assert silver[60]["title"] == "sixty" and silver[2]["title"] == "two again"
     warned = [r.getMessage() for r in caplog.records if "unchanged TOAST" in r.getMessage()]
     assert len(warned) == 1 and "'id': 100" in warned[0] and "body" in warned[0]
+
+
+def _last_operation(lakehouse) -> str:
+    return str(DeltaTable(_ctx(lakehouse).silver_uri).history(1)[0]["operation"])
+
+
+def test_batches_of_new_keys_are_appended_others_merged(spark, lakehouse, engine) -> None:
+    """A batch whose keys no stored row can hold (file statistics) is appended rather than
+    merged; as soon as a key may exist (a live row or a tombstone), the MERGE decides, so
+    sequence order and tombstones keep their meaning (design.md §3 decision 4)."""
+    b = Seg()
+    b.add("c", after=(b"1", b"one", b"b1")).add("c", after=(b"2", b"two", b"b2"))
+    _write(lakehouse, b.seg, 2000)
+    apply_silver(_ctx(lakehouse), spark, engine)
+    assert _last_operation(lakehouse) != "MERGE"
+    b2 = Seg()
+    b2.lsn = 3000
+    b2.add("c", after=(b"10", b"ten", b"b10")).add("d", before=(b"10", None, None), key_only=True)
+    b2.add("c", after=(b"11", b"eleven", b"b11"))
+    _write(lakehouse, b2.seg, 4000)
+    apply_silver(_ctx(lakehouse), spark, engine)
+    assert _last_operation(lakehouse) != "MERGE"  # 10 and 11 are new: a tombstone of 10 added
+    b3 = Seg()
+    b3.lsn = 5000
+    b3.add("c", after=(b"10", b"ten again", b"b10 again"))  # only its tombstone is stored
+    b3.add("u", after=(b"2", b"two v2", UNCHANGED_TOAST))
+    _write(lakehouse, b3.seg, 6000)
+    apply_silver(_ctx(lakehouse), spark, engine)
+    assert _last_operation(lakehouse) == "MERGE"
+    silver = _silver(lakehouse)
+    assert {i: (r["title"], r["body"]) for i, r in silver.items()} == {
+        1: ("one", "b1"), 2: ("two v2", "b2"), 10: ("ten again", "b10 again"),
+        11: ("eleven", "b11")}
+    rows = DeltaTable(_ctx(lakehouse).silver_uri).to_pyarrow_table()
+    assert rows.num_rows == 4  # one row per key: the tombstone of 10 was updated, not doubled
