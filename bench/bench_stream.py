@@ -20,6 +20,7 @@ import argparse
 import collections
 import functools
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -125,6 +126,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--stages", action="store_true")
     parser.add_argument("--latency-samples", type=int, default=5)
+    parser.add_argument("--keep", action="store_true", help="keep the cluster and lake files")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if args.stages:
@@ -199,6 +201,8 @@ def main() -> None:
         spark.stop()
     finally:
         cluster.stop()
+        if not args.keep:  # a 1M-change round leaves ~1 GB of WAL and Delta files
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
