@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -200,7 +201,7 @@ def bronze(conn, window: Window) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--changes", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--portion", type=int, default=100_000,
                         help="portion_changes of the portioned variant (0: skip it)")
     parser.add_argument("--varied", action="store_true",
@@ -208,7 +209,8 @@ def main() -> None:
     parser.add_argument("--bronze", action="store_true",
                         help="also time typed bronze conversion (cdc.envelope)")
     args = parser.parse_args()
-    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="pgcdc-bench-slot-")) / "pg").start()
+    root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-slot-"))
+    cluster = LocalCluster(root / "pg").start()
     try:
         upto = prepare(cluster.dsn, args.changes, args.varied)
         conn = psycopg2.connect(cluster.dsn)
@@ -283,6 +285,7 @@ def main() -> None:
         conn.close()
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)  # ~400 MB of WAL and data per run
 
 
 if __name__ == "__main__":
