@@ -75,7 +75,11 @@ def peek_window(
     """Decode the slot's committed changes up to ``upto_lsn`` into a Window, without consuming.
 
     Args:
-        conn: a psycopg2 connection (autocommit or not; nothing is committed here).
+        conn: a psycopg2 connection (autocommit or not; nothing is committed here). Its
+            session's text output settings are pinned to the snapshot's
+            (:data:`~pgcdc_dagster.postgres.snapshot_read.SESSION_SETTINGS`: ISO dates,
+            ``postgres`` intervals, UTC, shortest exact floats, hex bytea), so values decode
+            the same whatever the connection had; they stay set afterwards.
         slot: logical slot name (pgoutput plugin).
         publication: publication name(s) to decode.
         upto_lsn: window bound; required, never NULL.

@@ -104,7 +104,6 @@ class _Target:
             self.learned_at = len(self.seg.op)
         return row, p
 
-
     def park(self) -> None:
         """Let go of the segment (handed out in a portion) until :meth:`rebind`."""
         self.rebind(TableChanges(self.seg.relation))
