@@ -95,6 +95,9 @@ class _Pending:
     files: list[DataFile] = field(default_factory=list)
     schemas: list[pa.Schema] = field(default_factory=list)
     ops: dict[str, int] = field(default_factory=dict)
+    buffer: dict[pa.Schema, list[pa.Table]] = field(default_factory=dict)
+    """Converted events not yet written (portions gathered into larger part files)."""
+    buffered: int = 0
 
 
 @dataclass
@@ -114,6 +117,10 @@ class BronzeWindowWriter:
     _messages: list[pa.Table] = field(default_factory=list)
     _transactions: list[pa.Table] = field(default_factory=list)
     _meta_done: dict[str, int | None] = field(default_factory=dict)
+    part_bytes: int = 64 << 20
+    """Arrow bytes of a table's converted events gathered before they are written as one
+    part file (fewer, larger files read faster into silver); at most four times this is
+    held for all tables together."""
     max_pending: int = 2
     """Windows or portions that may wait for the background worker (each holds its rows)."""
     _executor: ThreadPoolExecutor | None = None
@@ -200,13 +207,18 @@ class BronzeWindowWriter:
                 groups.setdefault(table.schema, []).append(table)
             ensure_table(pending.ctx.bronze_uri, tables[0].schema)
             for schema, same in groups.items():
-                data = pa.concat_tables(same) if len(same) > 1 else same[0]
-                pending.files.append(write_part(pending.ctx.bronze_uri, data, "part-stream"))
-                pending.schemas.append(schema)
-                counts = pc.value_counts(data.column("op").combine_chunks()).to_pylist()
-                for item in counts:
-                    op = str(item["values"])
-                    pending.ops[op] = pending.ops.get(op, 0) + int(item["counts"])
+                pending.buffer.setdefault(schema, []).extend(same)
+                for data in same:
+                    pending.buffered += data.nbytes
+                    counts = pc.value_counts(data.column("op").combine_chunks()).to_pylist()
+                    for item in counts:
+                        op = str(item["values"])
+                        pending.ops[op] = pending.ops.get(op, 0) + int(item["counts"])
+            if pending.buffered >= self.part_bytes:
+                self._flush(pending)
+        if sum(p.buffered for p in self._pending.values()) > 4 * self.part_bytes:
+            for pending in self._pending.values():
+                self._flush(pending)
         done_msgs = self._meta_committed("messages") if window.messages else None
         msgs = [m for m in window.messages
                 if not m.prefix.startswith(self.ignore_message_prefixes)
@@ -219,6 +231,15 @@ class BronzeWindowWriter:
             if txs:
                 self._transactions.append(transaction_rows(txs, self.ident, now_ms))
 
+    def _flush(self, pending: _Pending) -> None:
+        """Write the table's buffered events as part files (one per schema)."""
+        for schema, tables in pending.buffer.items():
+            data = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+            pending.files.append(write_part(pending.ctx.bronze_uri, data, "part-stream"))
+            pending.schemas.append(schema)
+        pending.buffer.clear()
+        pending.buffered = 0
+
     def commit(self, upto: Lsn, start: Lsn | None = None) -> dict[str, dict[str, int]]:
         """Commit every table's parts with app transaction ``upto``; return events by op.
 
@@ -226,6 +247,8 @@ class BronzeWindowWriter:
         ``upto`` in the commit metadata, so a check can prove windows chain without gaps.
         """
         self._drain()
+        for pending in self._pending.values():
+            self._flush(pending)
         counts: dict[str, dict[str, int]] = {}
         meta = {"pgcdc.kind": "stream", "pgcdc.window_end": str(upto)}
         if start is not None:
