@@ -10,7 +10,8 @@ the window holding the high watermark, adds the survivors (``op = r``,
 window (exactly once, like stream events). The next chunk starts right away, from inside
 the hook, on a reader thread: its watermarks and SELECT overlap that window's bronze commit
 and the next peek, and the next hook waits for it before observing its window.
-Progress is durable per chunk (``incremental_state``); a killed run resumes at the first chunk not committed.
+Progress is durable per chunk (``incremental_state``); a killed run resumes at the first
+chunk not committed.
 """
 
 from __future__ import annotations
