@@ -92,7 +92,7 @@ def _fresh(seg: TableChanges, done: int | None, skipped: frozenset[str]) -> Tabl
 class _Pending:
     ctx: TableContext
     done: int | None
-    files: list[DataFile] = field(default_factory=list)
+    files: list[Future[DataFile]] = field(default_factory=list)
     schemas: list[pa.Schema] = field(default_factory=list)
     ops: dict[str, int] = field(default_factory=dict)
     buffer: dict[pa.Schema, list[pa.Table]] = field(default_factory=dict)
@@ -124,6 +124,8 @@ class BronzeWindowWriter:
     max_pending: int = 2
     """Windows or portions that may wait for the background worker (each holds its rows)."""
     _executor: ThreadPoolExecutor | None = None
+    _writers: ThreadPoolExecutor | None = None
+    _writing: deque[Future[DataFile]] = field(default_factory=deque)
     _inflight: deque[Future[None]] = field(default_factory=deque)
 
     def _meta_uri(self, name: str) -> str:
@@ -151,9 +153,11 @@ class BronzeWindowWriter:
         except Exception:  # the caller is already failing, or committed (and raised)
             self._inflight.clear()
         finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
+            for pool in (self._executor, self._writers):
+                if pool is not None:
+                    pool.shutdown(wait=True)
+            self._executor = self._writers = None
+            self._writing.clear()
 
     def _state(self, key: tuple[str, str]) -> _Pending | None:
         pending = self._pending.get(key)
@@ -232,10 +236,17 @@ class BronzeWindowWriter:
                 self._transactions.append(transaction_rows(txs, self.ident, now_ms))
 
     def _flush(self, pending: _Pending) -> None:
-        """Write the table's buffered events as part files (one per schema)."""
+        """Write the table's buffered events as part files (one per schema), on the writer
+        threads: Parquet encoding releases the GIL, so it overlaps conversion and decoding."""
+        if self._writers is None:
+            self._writers = ThreadPoolExecutor(2, thread_name_prefix="pgcdc-bronze-write")
         for schema, tables in pending.buffer.items():
+            while len(self._writing) >= 4:  # bounds the tables waiting to be written
+                self._writing.popleft().result()
             data = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-            pending.files.append(write_part(pending.ctx.bronze_uri, data, "part-stream"))
+            future = self._writers.submit(write_part, pending.ctx.bronze_uri, data, "part-stream")
+            self._writing.append(future)
+            pending.files.append(future)
             pending.schemas.append(schema)
         pending.buffer.clear()
         pending.buffered = 0
@@ -260,7 +271,7 @@ class BronzeWindowWriter:
             schema = pa.schema(table.schema().to_arrow())
             for incoming in pending.schemas:
                 schema = evolve(table, incoming, f"bronze of {pending.ctx.name}")
-            commit_files(table, pending.files, schema, mode="append",
+            commit_files(table, [f.result() for f in pending.files], schema, mode="append",
                          app_id=pending.ctx.bronze_app_id, version=int(upto), metadata=meta)
             crash_point("between_table_commits")
             counts[pending.ctx.name] = dict(pending.ops)
@@ -275,6 +286,7 @@ class BronzeWindowWriter:
                          app_id=app_id, version=int(upto), metadata=meta)
             counts[f"_pgcdc.{name}"] = {"m" if name == "messages" else "tx": data.num_rows}
         self._pending.clear()
+        self._writing.clear()
         self._messages.clear()
         self._transactions.clear()
         self._meta_done.clear()
