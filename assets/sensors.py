@@ -1,12 +1,16 @@
 """Sensors: the slot-lag sensor and the table-discovery sensor.
 
 * ``slot_lag_sensor`` reads ``pg_replication_slots`` and launches ``cdc_microbatch`` as soon
-  as the slot's lag (WAL written since its confirmed position) or the WAL it retains passes a
-  threshold, without waiting for the schedule. The run key is the slot's confirmed LSN, so
-  one position launches at most one run: a run that fails without moving the slot is not
-  retried by the sensor (the schedule, or a manual run, does). The cursor is the WAL
-  position last seen; each time it moves, the slot's lag is recorded as an observation of
-  ``source/replication_slot`` (plotted in the UI).
+  as the slot's lag (WAL written since its confirmed position), the WAL it retains, or the
+  number of row changes it holds passes a threshold, without waiting for the schedule. The
+  changes are counted only when the byte thresholds are not reached, and never on the slot
+  itself (one reader per slot): on a temporary copy, with a bounded peek
+  (:mod:`pgcdc_dagster.ops.pending_changes`); while the slot is active (a run reads it) the
+  count is skipped. The run key is the slot's confirmed LSN, so one position launches at
+  most one run: a run that fails without moving the slot is not retried by the sensor (the
+  schedule, or a manual run, does). The cursor is the WAL position last seen; each time it
+  moves, the slot's lag is recorded as an observation of ``source/replication_slot``
+  (plotted in the UI).
 * ``table_discovery_sensor`` compares the tables the include list matches now with the
   captured ones and reports new, unkeyed and vanished tables in its tick (and once in the
   log). It cannot add assets itself: the user reloads the code location.
@@ -20,12 +24,16 @@ import json
 from collections.abc import Sequence
 
 import dagster as dg
+import psycopg2
 
 from assets.capture import SLOT_KEY
 from assets.jobs import CaptureJobs, run_in_flight
+from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.ops.discovery import describe, discover
+from pgcdc_dagster.ops.pending_changes import count_pending_changes
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import slot_health
+from pgcdc_dagster.postgres.connection import redact
 from resources import CaptureResource, PostgresResource
 from resources.capture import split_list
 
@@ -47,8 +55,9 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Launch cdc_microbatch when the slot's lag reaches "
         f"{settings.lag_trigger_bytes} bytes (PGCDC_LAG_TRIGGER_BYTES) or its retained WAL "
-        f"{settings.retained_trigger_bytes} bytes (PGCDC_RETAINED_TRIGGER_BYTES); one run "
-        "per confirmed LSN.")
+        f"{settings.retained_trigger_bytes} bytes (PGCDC_RETAINED_TRIGGER_BYTES) or it holds "
+        f"{settings.lag_trigger_changes} row changes (PGCDC_LAG_TRIGGER_CHANGES, counted on a "
+        "temporary copy of the slot); one run per confirmed LSN.")
     def slot_lag_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource,
                         capture: CaptureResource) -> dg.SensorResult:
         health = slot_health(postgres.dsn, capture.slot)
@@ -74,23 +83,50 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
                         "run teardown, then initial_snapshot")
         lag_over = health.lag_bytes >= settings.lag_trigger_bytes
         retained_over = health.retained_bytes >= settings.retained_trigger_bytes
+        below = (f"lag {health.lag_bytes} bytes and retained WAL {health.retained_bytes} "
+                 f"bytes are below the thresholds ({settings.lag_trigger_bytes}, "
+                 f"{settings.retained_trigger_bytes})")
+        pending: int | None = None
         if not (lag_over or retained_over):
-            return skip(f"lag {health.lag_bytes} bytes and retained WAL "
-                        f"{health.retained_bytes} bytes are below the thresholds "
-                        f"({settings.lag_trigger_bytes}, {settings.retained_trigger_bytes})")
+            threshold = settings.lag_trigger_changes
+            if threshold <= 0:
+                return skip(below)
+            if health.lag_bytes == 0:
+                return skip(f"{below}; no WAL since the slot's confirmed position")
+            if health.active:
+                return skip(f"{below}; the slot is active (pid {health.active_pid}, a run is "
+                            "reading it): pending changes not counted")
+            upto = health.current_lsn if health.current_lsn is not None else Lsn(0)
+            try:
+                count = count_pending_changes(postgres.dsn, capture.slot, capture.publication,
+                                              upto, threshold)
+            except psycopg2.Error as exc:
+                message = (exc.pgerror or str(exc)).strip().splitlines()[0]
+                return skip(f"{below}; pending changes not counted: {redact(message)}")
+            pending = count.changes
+            if events:
+                events[0] = dg.AssetObservation(asset_key=SLOT_KEY, metadata={
+                    **events[0].metadata, "pending_changes": pending,
+                    "pending_changes_capped": count.truncated})
+            if pending < threshold:
+                return skip(f"{below}; {pending} pending row changes, below {threshold}")
         running = run_in_flight(context.instance)
         if running is not None:
             return skip(f"lag {health.lag_bytes} bytes, but {running} is still queued or "
                         "running")
-        reason = "lag" if lag_over else "retained_wal"
+        reason = "lag" if lag_over else "retained_wal" if retained_over else "change_count"
+        tags = {"pgcdc/trigger": f"slot_lag_sensor:{reason}",
+                "pgcdc/lag_bytes": str(health.lag_bytes),
+                "pgcdc/retained_bytes": str(health.retained_bytes),
+                "pgcdc/confirmed_flush_lsn": str(health.confirmed_flush_lsn)}
+        if pending is not None:
+            tags["pgcdc/pending_changes"] = str(pending)
         request = dg.RunRequest(
-            run_key=lag_run_key(capture.slot, health.confirmed_flush_lsn),
-            tags={"pgcdc/trigger": f"slot_lag_sensor:{reason}",
-                  "pgcdc/lag_bytes": str(health.lag_bytes),
-                  "pgcdc/retained_bytes": str(health.retained_bytes),
-                  "pgcdc/confirmed_flush_lsn": str(health.confirmed_flush_lsn)})
+            run_key=lag_run_key(capture.slot, health.confirmed_flush_lsn), tags=tags)
         context.log.info(f"slot {capture.slot!r}: lag {health.lag_bytes} bytes, retained "
-                         f"{health.retained_bytes} bytes: requesting cdc_microbatch")
+                         f"{health.retained_bytes} bytes"
+                         + ("" if pending is None else f", {pending} pending changes")
+                         + ": requesting cdc_microbatch")
         return dg.SensorResult(run_requests=[request], cursor=seen, asset_events=events)
 
     captured = list(tables)

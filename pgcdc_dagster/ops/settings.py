@@ -16,6 +16,7 @@ ENV = {
     "checks_cron": "PGCDC_CHECKS_CRON",
     "lag_trigger_bytes": "PGCDC_LAG_TRIGGER_BYTES",
     "retained_trigger_bytes": "PGCDC_RETAINED_TRIGGER_BYTES",
+    "lag_trigger_changes": "PGCDC_LAG_TRIGGER_CHANGES",
     "max_lag_bytes": "PGCDC_SLOT_MAX_LAG_BYTES",
     "max_retained_bytes": "PGCDC_SLOT_MAX_RETAINED_BYTES",
     "owners": "PGCDC_OWNERS",
@@ -48,6 +49,9 @@ class MonitorSettings:
     confirmed position) reaches this (``PGCDC_LAG_TRIGGER_BYTES``)."""
     retained_trigger_bytes: int = 1 << 30
     """... or when the WAL it retains reaches this (``PGCDC_RETAINED_TRIGGER_BYTES``)."""
+    lag_trigger_changes: int = 100_000
+    """... or when the slot holds this many row changes (``PGCDC_LAG_TRIGGER_CHANGES``; 0
+    turns the count off). Counted on a temporary copy of the slot, never on the slot."""
     slot: SlotThresholds = field(default_factory=SlotThresholds)
     """Limits of the slot_healthy check (``PGCDC_SLOT_MAX_LAG_BYTES``,
     ``PGCDC_SLOT_MAX_RETAINED_BYTES``)."""
@@ -81,6 +85,8 @@ class MonitorSettings:
             retained_trigger_bytes=_size(get("retained_trigger_bytes"),
                                          ENV["retained_trigger_bytes"],
                                          base.retained_trigger_bytes),
+            lag_trigger_changes=_count(get("lag_trigger_changes"),
+                                       ENV["lag_trigger_changes"], base.lag_trigger_changes),
             slot=slot,
             owners=tuple(o.strip() for o in owners.split(",") if o.strip())
             if owners else base.owners,
@@ -89,3 +95,13 @@ class MonitorSettings:
 
 def _size(value: str | None, name: str, default: int) -> int:
     return default if value is None else parse_bytes(value, name)
+
+
+def _count(value: str | None, name: str, default: int) -> int:
+    if value is None:
+        return default
+    digits = value.replace("_", "")
+    if not digits.isdigit():
+        raise ConfigurationError(f"{name} = {value!r} is not a count; write e.g. 100000 "
+                                 "(0 turns it off)")
+    return int(digits)
