@@ -89,8 +89,8 @@ class IncrementalConfig(dg.Config):
         "run: one boolean SQL expression over the table's columns (checked: no statements, "
         "no volatile functions, read in READ ONLY transactions).")
     surrogate_key: str = Field(
-        default="", description="surrogate-key: a NOT NULL column to order chunks by instead "
-        "of the primary key.")
+        default="", description="surrogate-key: a column to order chunks by (then by the "
+        "primary key) instead of the primary key alone; NULLs sort last and are read once.")
     restart: bool = Field(
         default=False, description="Start over even when a snapshot of a table is in "
         "progress (by default it is resumed at its first uncommitted chunk).")

@@ -51,6 +51,7 @@ from pgcdc_dagster.postgres.chunks import (
     estimated_rows,
     max_key,
     order_columns,
+    ordering,
     read_chunk,
 )
 from pgcdc_dagster.postgres.connection import connection
@@ -197,9 +198,10 @@ class _Driver:
 
     def _spec(self, p: TableProgress) -> ChunkSpec:
         ctx = self.contexts[p.qualified]
-        order = order_columns(self.conn, *p.qualified, ctx.relation.key_names, p.surrogate_key)
+        order, nullable = ordering(self.conn, *p.qualified, ctx.relation.key_names,
+                                   p.surrogate_key)
         return ChunkSpec(*p.qualified, tuple(c.name for c in ctx.relation.columns), order,
-                         p.condition)
+                         p.condition, nullable)
 
     def confirm(self, upto: Lsn | None = None) -> None:
         """The window that carried the last closed chunk is committed."""

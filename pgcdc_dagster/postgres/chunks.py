@@ -4,7 +4,22 @@ Chunks are read in key order with a row-value comparison (``(k1, k2) > (v1, v2)`
 Debezium adopted in DBZ-5071) up to the key that was greatest when the table's snapshot
 started, ``ORDER BY`` the key, ``LIMIT`` the chunk size. A ``surrogate-key`` orders the
 chunks by that column first, then by the primary key, so the order is total even when the
-surrogate column repeats values. Watermarks are transactional logical decoding messages
+surrogate column repeats values.
+
+NULL-aware: the order is ``ORDER BY k1 ASC NULLS LAST, k2 ASC NULLS LAST, …`` (a NULL sorts
+after every value, and NULLs compare equal to each other, as in PostgreSQL's own sort). A row
+comparison is NULL as soon as a NULL is involved, so when an ordering column is nullable
+(a nullable ``surrogate-key``, or a ``message.key.columns`` key on nullable columns) the
+bounds are written out lexicographically with the same NULL placement::
+
+    key > (v1, v2)  ≡  gt(k1, v1) OR (k1 ≐ v1 AND gt(k2, v2))
+    gt(k, v)        ≡  k > v OR k IS NULL      (v not NULL);  FALSE  (v NULL)
+    k ≐ v           ≡  k = v                   (v not NULL);  k IS NULL  (v NULL)
+
+and ``key <= upto`` is its negation. Every row therefore falls in exactly one chunk, rows with
+NULL key columns included (they come last, the all-NULL key at the very end). Tables whose
+ordering columns are all NOT NULL keep the plain row comparison (index-friendly).
+Watermarks are transactional logical decoding messages
 (``pg_logical_emit_message(true, 'pgcdc.watermark', …)``), each in its own transaction: no
 user table is written.
 """
@@ -36,11 +51,25 @@ class ChunkSpec:
     """Ordering key: the surrogate key (if any) then the primary key columns."""
     condition: str | None = None
     """A validated ``additional-conditions`` filter (see ``postgres.signals``)."""
+    nullable: frozenset[str] = frozenset()
+    """Ordering columns that may hold NULL (``attnotnull`` false)."""
 
 
 def order_columns(conn: psycopg2.extensions.connection, schema: str, table: str,
                   key: Sequence[str], surrogate: str | None = None) -> tuple[KeyColumn, ...]:
     """The ordering key with each column's ``format_type``; checks a surrogate key."""
+    return ordering(conn, schema, table, key, surrogate)[0]
+
+
+def ordering(conn: psycopg2.extensions.connection, schema: str, table: str,
+             key: Sequence[str], surrogate: str | None = None
+             ) -> tuple[tuple[KeyColumn, ...], frozenset[str]]:
+    """The ordering key (surrogate first, then ``key``) with each column's ``format_type``,
+    and the ordering columns that may hold NULL (chunks then use NULL-aware bounds).
+
+    Raises:
+        ConfigurationError: the surrogate key or a key column is not a column of the table.
+    """
     names = ([surrogate] if surrogate and surrogate not in key else []) + list(key)
     with conn.cursor() as cur:
         cur.execute(
@@ -50,20 +79,13 @@ def order_columns(conn: psycopg2.extensions.connection, schema: str, table: str,
                  AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY(%s)""",
             (schema, table, names))
         found = {name: (typ, notnull) for name, typ, notnull in cur.fetchall()}
-        missing = [n for n in names if n not in found]
-        if missing:
-            raise ConfigurationError(
-                f"surrogate-key {surrogate!r}: no such column in {schema}.{table}"
-                if surrogate in missing else f"{schema}.{table}: key columns {missing} missing")
-        if surrogate and surrogate not in key and not found[surrogate][1]:
-            cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {} IS NULL)").format(
-                sql.Identifier(schema, table), sql.Identifier(surrogate)))
-            row = cur.fetchone()
-            if row and row[0]:
-                raise ConfigurationError(
-                    f"surrogate-key {surrogate!r} of {schema}.{table} holds NULLs; chunks "
-                    "ordered by it would skip those rows. Use a NOT NULL column.")
-    return tuple(KeyColumn(n, found[n][0]) for n in names)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ConfigurationError(
+            f"surrogate-key {surrogate!r}: no such column in {schema}.{table}"
+            if surrogate in missing else f"{schema}.{table}: key columns {missing} missing")
+    return (tuple(KeyColumn(n, found[n][0]) for n in names),
+            frozenset(n for n in names if not found[n][1]))
 
 
 def _names(spec: ChunkSpec) -> sql.Composable:
@@ -76,22 +98,48 @@ def _row(values: Sequence[str | None], spec: ChunkSpec) -> sql.Composable:
         for v, k in zip(values, spec.order, strict=True)))
 
 
+def _typed(value: str | None, column: KeyColumn) -> sql.Composable:
+    return sql.SQL("{}::{}").format(sql.Literal(value), sql.SQL(column.sql_type))
+
+
+def _after(spec: ChunkSpec, values: Sequence[str | None]) -> sql.Composable:
+    """``key > values`` in ``ASC NULLS LAST`` order, NULL-aware (see the module doc)."""
+    terms: list[sql.Composable] = []
+    equal: list[sql.Composable] = []
+    for v, k in zip(values, spec.order, strict=True):
+        col = sql.Identifier(k.name)
+        if v is not None:
+            gt: sql.Composable = sql.SQL("{} > {}").format(col, _typed(v, k))
+            if k.name in spec.nullable:
+                gt = sql.SQL("({} OR {} IS NULL)").format(gt, col)
+            terms.append(sql.SQL(" AND ").join([*equal, gt]))
+            equal.append(sql.SQL("{} = {}").format(col, _typed(v, k)))
+        else:  # nothing sorts after NULL in this column: equal on it, go on to the next
+            equal.append(sql.SQL("{} IS NULL").format(col))
+    if not terms:
+        return sql.SQL("FALSE")
+    return sql.SQL("({})").format(sql.SQL(" OR ").join(
+        sql.SQL("({})").format(t) for t in terms))
+
+
 def chunk_select(spec: ChunkSpec, after: Sequence[str | None] | None,
                  upto: Sequence[str | None] | None, limit: int) -> sql.Composed:
     """``SELECT <columns>, <order key> FROM t WHERE key > after AND key <= upto AND (cond)
-    ORDER BY key LIMIT n``."""
+    ORDER BY key LIMIT n`` (NULLs last, NULL-aware bounds when a key column is nullable)."""
     conds: list[sql.Composable] = []
     names = sql.SQL("({})").format(_names(spec)) if len(spec.order) > 1 else \
         sql.Identifier(spec.order[0].name)
+    null_aware = any(k.name in spec.nullable for k in spec.order)
 
     def value(v: Sequence[str | None]) -> sql.Composable:
-        return _row(v, spec) if len(spec.order) > 1 else \
-            sql.SQL("{}::{}").format(sql.Literal(v[0]), sql.SQL(spec.order[0].sql_type))
+        return _row(v, spec) if len(spec.order) > 1 else _typed(v[0], spec.order[0])
 
     if after is not None:
-        conds.append(sql.SQL("{} > {}").format(names, value(after)))
+        conds.append(_after(spec, after) if null_aware else
+                     sql.SQL("{} > {}").format(names, value(after)))
     if upto is not None:
-        conds.append(sql.SQL("{} <= {}").format(names, value(upto)))
+        conds.append(sql.SQL("NOT {}").format(_after(spec, upto)) if null_aware else
+                     sql.SQL("{} <= {}").format(names, value(upto)))
     if spec.condition:
         conds.append(sql.SQL("({})").format(sql.SQL(spec.condition)))
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in (*spec.columns,
@@ -99,12 +147,14 @@ def chunk_select(spec: ChunkSpec, after: Sequence[str | None] | None,
     query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(spec.schema, spec.table))
     if conds:
         query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(conds))
-    return sql.SQL("{} ORDER BY {} LIMIT {}").format(query, _names(spec), sql.Literal(limit))
+    order = sql.SQL(", ").join(sql.SQL("{} ASC NULLS LAST").format(sql.Identifier(k.name))
+                               for k in spec.order)
+    return sql.SQL("{} ORDER BY {} LIMIT {}").format(query, order, sql.Literal(limit))
 
 
 def max_key(conn: psycopg2.extensions.connection, spec: ChunkSpec) -> list[str | None] | None:
     """The greatest ordering key now (the snapshot's end; later inserts arrive streamed)."""
-    desc = sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(k.name))
+    desc = sql.SQL(", ").join(sql.SQL("{} DESC NULLS FIRST").format(sql.Identifier(k.name))
                               for k in spec.order)
     query = sql.SQL("SELECT {} FROM {}").format(
         sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k.name),
