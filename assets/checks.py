@@ -201,6 +201,7 @@ def _slot_result(health: SlotHealth, settings: MonitorSettings) -> dg.AssetCheck
             "total_bytes": health.total_bytes,
             "max_lag_bytes": settings.slot.max_lag_bytes,
             "max_retained_bytes": settings.slot.max_retained_bytes,
+            "max_spill_ratio": settings.slot.max_spill_ratio,
         })
     description = (f"slot {health.name!r}: wal_status {health.wal_status}, lag "
                    f"{health.lag_bytes} bytes, retains {health.retained_bytes} bytes"
@@ -220,7 +221,8 @@ def build_asset_checks(tables: Sequence[tuple[str, str]],
     @dg.asset_check(asset=SLOT_KEY, name=SLOT_HEALTHY,
                     description="The replication slot exists, its wal_status is reserved or "
                     "extended, and its lag, retained WAL and spill ratio are within the "
-                    "thresholds (PGCDC_SLOT_MAX_LAG_BYTES, PGCDC_SLOT_MAX_RETAINED_BYTES).")
+                    "thresholds (PGCDC_SLOT_MAX_LAG_BYTES, PGCDC_SLOT_MAX_RETAINED_BYTES, "
+                    "PGCDC_SLOT_MAX_SPILL_RATIO).")
     def slot_healthy(postgres: PostgresResource, capture: CaptureResource) -> dg.AssetCheckResult:
         key = dg.AssetCheckKey(SLOT_KEY, SLOT_HEALTHY)
         try:

@@ -19,6 +19,7 @@ ENV = {
     "lag_trigger_changes": "PGCDC_LAG_TRIGGER_CHANGES",
     "max_lag_bytes": "PGCDC_SLOT_MAX_LAG_BYTES",
     "max_retained_bytes": "PGCDC_SLOT_MAX_RETAINED_BYTES",
+    "max_spill_ratio": "PGCDC_SLOT_MAX_SPILL_RATIO",
     "owners": "PGCDC_OWNERS",
 }
 
@@ -54,7 +55,7 @@ class MonitorSettings:
     turns the count off). Counted on a temporary copy of the slot, never on the slot."""
     slot: SlotThresholds = field(default_factory=SlotThresholds)
     """Limits of the slot_healthy check (``PGCDC_SLOT_MAX_LAG_BYTES``,
-    ``PGCDC_SLOT_MAX_RETAINED_BYTES``)."""
+    ``PGCDC_SLOT_MAX_RETAINED_BYTES``, ``PGCDC_SLOT_MAX_SPILL_RATIO``)."""
     max_pending_bytes: int = 256 << 20
     """The silver check compares only when the slot is at most this far behind."""
     history_limit: int = 200
@@ -75,6 +76,8 @@ class MonitorSettings:
                                 base.slot.max_lag_bytes),
             max_retained_bytes=_size(get("max_retained_bytes"), ENV["max_retained_bytes"],
                                      base.slot.max_retained_bytes),
+            max_spill_ratio=_ratio(get("max_spill_ratio"), ENV["max_spill_ratio"],
+                                   base.slot.max_spill_ratio),
         )
         owners = get("owners")
         return cls(
@@ -105,3 +108,16 @@ def _count(value: str | None, name: str, default: int) -> int:
         raise ConfigurationError(f"{name} = {value!r} is not a count; write e.g. 100000 "
                                  "(0 turns it off)")
     return int(digits)
+
+
+def _ratio(value: str | None, name: str, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        ratio = float(value)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigurationError(f"{name} = {value!r} is not a ratio between 0 and 1; "
+                                 "write e.g. 0.5")
+    return ratio
