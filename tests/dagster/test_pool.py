@@ -1,0 +1,118 @@
+"""One reader per slot: exactly the ops that touch the replication slot are in ``pgcdc_slot``.
+
+Two views of the same rule (design §3.8):
+
+* the Definitions: every op of every job, with the pool Dagster will enforce, against the
+  list below of what touches the slot and why;
+* the source of ``assets/``: every Dagster-decorated function that calls an engine entry point
+  which peeks, advances or drops the slot is declared with ``pool=CAPTURE_POOL``, and no other
+  is (so a new slot reader without the pool, or a pool on a non-reader, fails here).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from assets import CAPTURE_POOL
+from pgcdc_dagster.definitions import build_definitions
+from pgcdc_dagster.ops.settings import MonitorSettings
+from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+
+pytestmark = [pytest.mark.dagster, pytest.mark.unit]
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+
+SLOT_OPS = {
+    "bronze": "peeks slot windows, advances the slot (and creates it in initial_snapshot)",
+    "incremental__snapshot": "reads slot windows between DBLog watermarks, advances the slot",
+    "silver_matches_source": "peeks the slot for changes pending since silver's LSN",
+    "bronze_lsn_windows": "compares the slot's confirmed position with the runs' LSN ranges; "
+                          "a capture running meanwhile would move it under the check",
+    "drop_slot_and_publication": "drops the slot",
+}
+"""Ops that touch the slot, by op name."""
+
+NOT_SLOT_OPS = {
+    "silver": "reads bronze Delta tables only (slot lag from pg_replication_slots for metadata)",
+    "silver_schema_matches_source": "compares the catalog with the silver schema",
+    "source__replication_slot_slot_healthy": "reads pg_replication_slots / pg_stat_* views",
+    "apply_incremental_signal": "records a signal in the lakehouse progress store",
+}
+
+SLOT_ENTRY_POINTS = {
+    "run_bronze",          # capture.runner: snapshot + stream windows, slot advance
+    "run_incremental",     # capture.incremental: DBLog windows, slot advance
+    "compare_with_source",  # ops.consistency: peek_window on the slot
+    "teardown",            # ops.teardown: drop_slot
+    "peek_window", "advance_slot", "drop_slot", "create_slot_with_snapshot",
+}
+"""Engine functions that peek, advance, create or drop the slot itself."""
+
+DAGSTER_DECORATORS = {"asset", "multi_asset", "asset_check", "multi_asset_check", "op"}
+
+
+def definitions() -> dg.Definitions:
+    return build_definitions([("public", "items"), ("public", "tags")], {
+        "postgres": PostgresResource(dsn="host=127.0.0.1 dbname=unused"),
+        "lakehouse": LakehouseResource(root="/nonexistent"),
+        "capture": CaptureResource(tables="public\\..*"),
+        "spark": SparkResource(),
+    }, settings=MonitorSettings())
+
+
+def test_every_op_that_touches_the_slot_is_in_the_pool_and_no_other() -> None:
+    pools: dict[str, str | None] = {}
+    for job in definitions().get_repository_def().get_all_jobs():
+        for node in job.graph.node_defs:
+            assert isinstance(node, dg.OpDefinition)
+            pools[node.name] = node.pool
+    assert set(pools) == set(SLOT_OPS) | set(NOT_SLOT_OPS), "classify the new op above"
+    assert {name for name, pool in pools.items() if pool == CAPTURE_POOL} == set(SLOT_OPS)
+    assert {name for name, pool in pools.items() if pool is None} == set(NOT_SLOT_OPS)
+
+
+def _decorator(node: ast.expr) -> tuple[str | None, bool]:
+    """(Dagster decorator name, whether it passes pool=CAPTURE_POOL)."""
+    call = node if isinstance(node, ast.Call) else None
+    target = call.func if call else node
+    name = target.attr if isinstance(target, ast.Attribute) else (
+        target.id if isinstance(target, ast.Name) else None)
+    if name not in DAGSTER_DECORATORS:
+        return None, False
+    pooled = any(k.arg == "pool" and isinstance(k.value, ast.Name)
+                 and k.value.id == "CAPTURE_POOL" for k in (call.keywords if call else []))
+    return name, pooled
+
+
+def _calls(function: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call):
+            func = node.func
+            names.add(func.attr if isinstance(func, ast.Attribute) else
+                      func.id if isinstance(func, ast.Name) else "")
+    return names
+
+
+def test_assets_source_pools_exactly_the_slot_readers() -> None:
+    seen: dict[str, tuple[bool, bool]] = {}
+    for path in sorted(ASSETS.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for deco in node.decorator_list:
+                kind, pooled = _decorator(deco)
+                if kind is None:
+                    continue
+                reads = bool(_calls(node) & SLOT_ENTRY_POINTS)
+                seen[f"{path.name}:{node.name}"] = (reads, pooled)
+    assert "capture.py:bronze" in seen and "incremental.py:incremental_snapshot" in seen
+    wrong = {name: state for name, state in seen.items()
+             if state[1] != (state[0] or name == "checks.py:bronze_lsn_windows")}
+    assert not wrong, f"(reads the slot, in pool) disagree: {wrong}"
+    assert sum(pooled for _, pooled in seen.values()) == len(SLOT_OPS), seen
