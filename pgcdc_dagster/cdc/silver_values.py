@@ -83,7 +83,15 @@ _ZERO = {"int8": 0, "int16": 0, "int32": 0, "int64": 0, "bool": False, "float": 
 
 def _restore_required(values: pa.Array, target: pa.DataType) -> pa.Array:
     """Bronze stores nested fields as nullable (a null struct has null children); give the
-    required children of null structs a placeholder so the strict Debezium type applies."""
+    required children of null structs a placeholder so the strict Debezium type applies
+    (also for the struct elements of an array, e.g. a NULL element of ``geometry[]``)."""
+    if pa.types.is_list(values.type) and pa.types.is_list(target) and \
+            pa.types.is_struct(target.value_type):
+        items = _restore_required(values.values, target.value_type)
+        if items.type != target.value_type:
+            return values
+        return pa.ListArray.from_arrays(values.offsets, items, type=target,
+                                        mask=values.is_null() if values.null_count else None)
     if not (pa.types.is_struct(values.type) and pa.types.is_struct(target)):
         return values
     children = []
