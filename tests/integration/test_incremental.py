@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -146,12 +147,17 @@ def test_window_dedup_and_toast_trap(pg_dsn, pg_conn, spark, lakehouse, monkeypa
     assert by_table["public.base"].status == "done"
 
 
-def writer(dsn: str, seed: int, stop: threading.Event, counter: list[int]) -> None:
+def writer(dsn: str, seed: int, stop: threading.Event, counter: list[int],
+           limit: int | None = 300) -> None:
+    """Seeded transactions on base and late until ``limit`` (a bounded workload) or, with
+    no limit, until ``stop`` is set (paced a little, so runs keep up)."""
     rng = random.Random(seed)
     conn = connect(dsn, autocommit=False)
     cur = conn.cursor()
-    next_id = 100_000
-    while counter[0] < 300:  # a bounded workload, concurrent with the snapshot
+    next_id = 100_000 + seed * 1_000_000
+    while counter[0] < limit if limit is not None else not stop.is_set():
+        if limit is None:
+            time.sleep(0.005)
         for _ in range(rng.randint(1, 4)):
             r = rng.random()
             pick = rng.randrange(1, 400)
@@ -182,12 +188,40 @@ def writer(dsn: str, seed: int, stop: threading.Event, counter: list[int]) -> No
     conn.close()
 
 
-def test_concurrent_writers_converge(pg_dsn, pg_conn, spark, lakehouse) -> None:
+def in_window_updates(pg_dsn: str, monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """Make every chunk read update one of the rows it just read, right after the read and
+    before the chunk's high watermark: a change inside the window to a buffered key, which
+    the DBLog dedup must let supersede the (now stale) chunk row. Returns the counter of
+    such in-window updates."""
+    real = incremental.read_chunk
+    done = [0]
+    conn = connect(pg_dsn)
+
+    def racing_read(dsn, spec, after, upto, limit):  # type: ignore[no-untyped-def]
+        rows, last = real(dsn, spec, after, upto, limit)
+        if rows:
+            pos = {"base": [0], "late": [0, 1]}[spec.table]
+            key = [rows[len(rows) // 2][p].decode() for p in pos]  # type: ignore[union-attr]
+            where = "id = %s" if spec.table == "base" else "a = %s AND b = %s"
+            with conn.cursor() as cur:
+                cur.execute(f"UPDATE {spec.table} SET n = n + 7 WHERE {where}", key)
+                done[0] += cur.rowcount
+        return rows, last
+
+    monkeypatch.setattr(incremental, "read_chunk", racing_read)
+    return done
+
+
+def test_concurrent_writers_converge(pg_dsn, pg_conn, spark, lakehouse, monkeypatch) -> None:
+    """INC-06/07/10: writers run through the snapshot; besides the background writer, every
+    chunk has a change to one of its keys inside its window, so the dedup path runs on
+    every chunk (superseded rows counted), and silver converges."""
     settings = start(pg_conn, pg_dsn, lakehouse, spark)
     stop = threading.Event()
     counter = [0]
     thread = threading.Thread(target=writer, args=(pg_dsn, 7, stop, counter))
     thread.start()
+    in_window = in_window_updates(pg_dsn, monkeypatch)
     try:
         micro_batch(settings)
         apply_signal(settings, parse_signal("s1", "execute-snapshot",
@@ -203,7 +237,13 @@ def test_concurrent_writers_converge(pg_dsn, pg_conn, spark, lakehouse) -> None:
     run_silver(settings, spark)
     check(pg_conn, lakehouse)
     assert all(t.status == "done" for t in report.tables)
-    assert sum(t.chunks_done for t in report.tables) > 10
+    chunks = sum(t.chunks_done for t in report.tables)
+    assert chunks > 10
+    # Chunks saw in-window changes to their keys (one per chunk, unless the writer deleted
+    # the row first), and each such chunk row gave way to the change: superseded, or emitted
+    # just before an unchanged-TOAST update (the TOAST trap).
+    assert in_window[0] > chunks // 2
+    assert sum(t.rows_dropped + t.rows_early for t in report.tables) >= in_window[0]
 
 
 def child(argv: list[str]) -> None:
@@ -214,21 +254,40 @@ def child(argv: list[str]) -> None:
 @pytest.mark.parametrize("point", ["incremental_after_chunk_read",
                                    "incremental_after_high_watermark",
                                    "after_bronze_commit", "incremental_after_progress"])
-def test_killed_run_resumes(point, pg_dsn, pg_conn, spark, lakehouse) -> None:
+def test_killed_run_resumes(point, pg_dsn, pg_conn, spark, lakehouse, monkeypatch) -> None:
+    """INC-04 (b): a run killed at each crash point resumes at the first chunk not committed,
+    with writers running through the killed and the resumed run; silver converges."""
     settings = start(pg_conn, pg_dsn, lakehouse, spark)
     with pg_conn.cursor() as cur:
         cur.execute("INSERT INTO late SELECT g, 'k', g, 'y' FROM generate_series(1000, 1400) g")
     apply_signal(settings, parse_signal("s1", "execute-snapshot",
                                         {"data-collections": ["public.late"]}), chunk_size=64)
-    env = dict(os.environ, **{ENV: point, "PYSPARK_PYTHON": sys.executable})
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.test_incremental",
-                           pg_dsn, str(lakehouse)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr[-2000:])
-    with pg_conn.cursor() as cur:
-        cur.execute("UPDATE late SET n = n + 1 WHERE a % 5 = 0")
-        cur.execute("DELETE FROM late WHERE a % 11 = 0")
-    report = run_incremental(settings)
+    # Writers run through the killed run and the resumed one (INC-04: resumed without
+    # losing data while the stream continues).
+    stop = threading.Event()
+    counter = [0]
+    thread = threading.Thread(target=writer, args=(pg_dsn, 11, stop, counter, None))
+    thread.start()
+    try:
+        env = dict(os.environ, **{ENV: point, "PYSPARK_PYTHON": sys.executable})
+        proc = subprocess.run([sys.executable, "-m", "tests.integration.test_incremental",
+                               pg_dsn, str(lakehouse)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == -signal.SIGKILL, (point, proc.returncode,
+                                                    proc.stderr[-2000:])
+        during_killed = counter[0]
+        with pg_conn.cursor() as cur:
+            cur.execute("UPDATE late SET n = n + 1 WHERE a % 5 = 0")
+            cur.execute("DELETE FROM late WHERE a % 11 = 0")
+        in_window = in_window_updates(pg_dsn, monkeypatch)
+        report = run_incremental(settings)
+        during_resumed = counter[0] - during_killed
+    finally:
+        stop.set()
+        thread.join()
+    assert during_killed > 0 and during_resumed > 0  # writes during both runs
+    assert in_window[0] > 0  # and inside the resumed run's chunk windows
+    micro_batch(settings)
     run_silver(settings, spark)
     check(pg_conn, lakehouse)
     late = next(t for t in report.tables if t.table == "public.late")
