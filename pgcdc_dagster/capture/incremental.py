@@ -63,8 +63,9 @@ log = logging.getLogger(__name__)
 WINDOWS_PER_ROUND = 4
 DEFAULT_CHUNK_SIZE = DEFAULT_INCREMENTAL_CHUNK_SIZE
 """``incremental.snapshot.chunk.size`` default, chosen with ``bench/bench_incremental.py``
-(docs/incremental.md: 100k rows, 1024 → 6k rows/s, 8192 → 38k, 32768 → 69k): Debezium's
-1024 spends most of the time on the per-chunk window round trips here."""
+(docs/incremental.md, Settings: 65536 had the best median rows/s with and without concurrent
+writes, against 1024 … 131072): Debezium's 1024 spends most of the time on the per-chunk
+window round trips here."""
 
 
 # --- signals ---------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from pgcdc_dagster.cdc.typeconv import TypeModes
 
-DEFAULT_INCREMENTAL_CHUNK_SIZE = 32768
+DEFAULT_INCREMENTAL_CHUNK_SIZE = 65536
 """``incremental.snapshot.chunk.size`` default, measured (docs/incremental.md)."""
 
 

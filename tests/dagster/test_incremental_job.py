@@ -274,7 +274,7 @@ def test_settings_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("PGCDC_PG_DSN", "host=127.0.0.1 dbname=x")
     with dg.build_resources({"capture": default_resources()["capture"]}) as res:
         plain = res.capture.settings("dsn", "/tmp/lake")
-    assert plain.incremental_chunk_size == DEFAULT_CHUNK_SIZE == 32768
+    assert plain.incremental_chunk_size == DEFAULT_CHUNK_SIZE == 65536
     assert plain.signal_data_collection == ""
     monkeypatch.setenv("PGCDC_INCREMENTAL_CHUNK_SIZE", "4096")
     monkeypatch.setenv("PGCDC_SIGNAL_DATA_COLLECTION", "ops.dbz_signal")
