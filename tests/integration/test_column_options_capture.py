@@ -2,7 +2,10 @@
 
 Seed-inventory IDs: CFG-36/37 and TYPE-16 (column lists; key columns always kept, EVT-06),
 CFG-46/47 and TYPE-13/14 (truncate, mask), CFG-48 and TYPE-15 (propagate source type),
-CFG-38 and EVT-05 (message.key.columns); hash masks follow Debezium's MaskStrings.
+CFG-38 and EVT-05 (message.key.columns); hash masks follow Debezium's MaskStrings. The
+options apply to every way a row reaches bronze: the initial snapshot, the stream and the
+incremental snapshot (``capture/incremental.py``, source.snapshot = "incremental"); the
+propagated source type (CFG-48) is in the export schema of snapshot and streamed events.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from pgcdc_dagster.capture.incremental import apply_signal, run_incremental
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.cdc.column_mappers import Hash, hash_value
+from pgcdc_dagster.cdc.dblog import parse_signal
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.export import export_table
 from pgcdc_dagster.lake.paths import table_uri
@@ -134,6 +139,19 @@ def test_exported_schemas_carry_the_mapper_parameters(people):
                                                "field": "id"}]  # NOT NULL (EVT-08)
 
 
+PROPAGATED = {
+    "born": {"__debezium.source.column.type": "DATE", "__debezium.source.column.length": "13",
+             "__debezium.source.column.scale": "0"},
+    "tenant": {"__debezium.source.column.type": "INT4",
+               "__debezium.source.column.length": "10",
+               "__debezium.source.column.scale": "0"},
+}
+
+
+def _value_fields(record) -> dict:
+    return {x["field"]: x for x in record.value["schema"]["fields"][1]["fields"]}
+
+
 def test_stream_applies_the_same_options(people, pg_conn, spark, lakehouse):
     with pg_conn.cursor() as cur:
         cur.execute("INSERT INTO people VALUES (4, 30, 'Cleo', '111-22-3333', 'streamed note', "
@@ -151,6 +169,50 @@ def test_stream_applies_the_same_options(people, pg_conn, spark, lakehouse):
     silver = _silver(lakehouse, "people", "id")
     assert [r["id"] for r in silver] == [1, 2, 4]
     assert silver[0]["note"] == "chan" and silver[2]["ssn"] == "*****"
+    # CFG-48 / TYPE-15 on streamed events' export schemas too, not only the snapshot's
+    streamed = [r for r in export_table(people.lakehouse, "public", "people")
+                if r.value is not None and r.value["payload"]["op"] in ("c", "u", "d")]
+    assert {r.value["payload"]["op"] for r in streamed} == {"c", "u", "d"}
+    for record in streamed:
+        fields = _value_fields(record)
+        for column, params in PROPAGATED.items():
+            assert fields[column]["parameters"] == params, (record.value["payload"]["op"],
+                                                            column)
+        assert fields["ssn"]["parameters"] == {"masked": "true"}
+        assert fields["note"]["parameters"] == {"truncateLength": "4"}
+        assert "secret" not in fields
+    insert = next(r for r in streamed if r.value["payload"]["op"] == "c")
+    assert insert.value["payload"]["after"]["ssn"] == "*****"
+
+
+def test_incremental_snapshot_applies_the_same_options(people, pg_conn, spark, lakehouse):
+    """TYPE-13/14/16, CFG-36/37/46/47 and hashing masks on rows read by an incremental
+    snapshot (DBLog chunks, ``op = r``, source.snapshot = "incremental")."""
+    with pg_conn.cursor() as cur:
+        cur.execute("INSERT INTO people VALUES (5, 50, 'Dora', '555-55-5555', 'incremental', "
+                    "'1970-01-02', 0.5, 's5', 'dora@example.org')")
+    outcome = apply_signal(people, parse_signal(
+        "inc1", "execute-snapshot", '{"data-collections": ["public.people"]}'), chunk_size=2)
+    assert outcome.tables == ["public.people"]
+    report = run_incremental(people)
+    assert [t.status for t in report.tables] == ["done"]
+    run_silver(people, spark)
+    rows = [r for r in _bronze(lakehouse, "people").to_pylist()
+            if r["op"] == "r" and str(r["source"]["snapshot"]) == "incremental"]
+    by_id = {r["after"]["id"]: r["after"] for r in rows}
+    assert sorted(by_id) == [1, 2, 3, 5]
+    assert by_id[1] == people_row(1, 10, "Anne", "x", "a long note", _days("1980-05-17"), 1.5,
+                                  "anne@example.org")
+    assert by_id[2] == people_row(2, 10, None, None, None, None, None, None)
+    assert by_id[5] == people_row(5, 50, "Dora", "x", "incremental", _days("1970-01-02"), 0.5,
+                                  "dora@example.org")
+    assert all("secret" not in a for a in by_id.values())
+    silver = {r["id"]: r for r in _silver(lakehouse, "people", "id")}
+    assert sorted(silver) == [1, 2, 3, 5]
+    assert silver[5]["note"] == "incr" and silver[5]["ssn"] == "*****"
+    assert silver[5]["name"] == hash_value("Dora", V1)
+    assert silver[5]["email"] == v2("dora@example.org")
+    assert "secret" not in silver[5]
 
 
 ORDERS = """

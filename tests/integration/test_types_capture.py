@@ -22,6 +22,7 @@ applied to PostgreSQL's exact value on the test side.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -254,8 +255,12 @@ def _create(conn) -> None:
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_every_type_by_snapshot_and_stream(pg_dsn, pg_conn, spark, lakehouse, mode):
+def test_every_type_by_snapshot_and_stream(pg_dsn, pg_conn, spark, lakehouse, mode, caplog):
+    """TYPE-01..27 through snapshot and stream; TYPE-12/CFG-44: with
+    ``include.unknown.datatypes`` off the box column is left out of events and a warning
+    naming it is logged."""
     modes = MODES[mode]
+    caplog.set_level(logging.WARNING)
     try:
         _create(pg_conn)
     except psycopg2.Error as exc:  # pragma: no cover - the extensions ship with postgresql-15
@@ -275,6 +280,9 @@ def test_every_type_by_snapshot_and_stream(pg_dsn, pg_conn, spark, lakehouse, mo
     (ctx,) = load_contexts(settings)
     captured = [c.bronze_field.name for c in ctx.converters]
     assert ("bx" in captured) == modes.include_unknown
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING
+              and "'bx'" in r.getMessage() and "include.unknown.datatypes" in r.getMessage()]
+    assert bool(warned) != modes.include_unknown, [r.getMessage() for r in caplog.records]
     ids = [1, 2, 3, 4]
     reference = {}
     for conv in ctx.converters:
@@ -286,6 +294,7 @@ def test_every_type_by_snapshot_and_stream(pg_dsn, pg_conn, spark, lakehouse, mo
     streamed = {r["after"]["id"] - 1000: r["after"] for r in bronze if r["op"] == "c"}
     updates = {r["after"]["id"]: r for r in bronze if r["op"] == "u"}
     assert sorted(snap) == ids and sorted(streamed) == ids and sorted(updates) == [1, 4]
+    assert ("bx" in snap[1]) == ("bx" in streamed[1]) == modes.include_unknown  # TYPE-12
     for name, want in reference.items():
         for i, k in enumerate(ids):
             expected = _norm(want[i])
