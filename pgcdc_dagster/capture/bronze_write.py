@@ -34,6 +34,7 @@ from pgcdc_dagster.cdc.metadata_events import (
     transaction_rows,
 )
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
+from pgcdc_dagster.exceptions import PgCdcError
 from pgcdc_dagster.lake.delta import (
     DataFile,
     commit_files,
@@ -98,6 +99,19 @@ class _Pending:
     buffer: dict[pa.Schema, list[pa.Table]] = field(default_factory=dict)
     """Converted events not yet written (portions gathered into larger part files)."""
     buffered: int = 0
+    ensured: bool = False
+    """The bronze table exists (checked once per window: opening it replays its log)."""
+
+
+def _named(exc: PgCdcError, table: str) -> PgCdcError:
+    """``exc`` with the table's name in its message (converters know only the column)."""
+    message = str(exc)
+    if table in message:
+        return exc
+    try:
+        return type(exc)(f"{table}: {message}")
+    except TypeError:  # an error type with another constructor
+        return PgCdcError(f"{table}: {message}")
 
 
 @dataclass
@@ -201,15 +215,21 @@ class BronzeWindowWriter:
                 seg = _fresh(seg, done, self.skipped_ops)
                 if not len(seg):
                     continue
-                seg, converters = pending.ctx.shape(seg, self.converters)
-                tables.append(bronze_from_changes(
-                    seg, converters, self.ident, now_ms, tombstones=self.tombstones_on_delete))
+                try:
+                    seg, converters = pending.ctx.shape(seg, self.converters)
+                    tables.append(bronze_from_changes(
+                        seg, converters, self.ident, now_ms,
+                        tombstones=self.tombstones_on_delete))
+                except PgCdcError as exc:
+                    raise _named(exc, pending.ctx.name) from exc
             if not tables:
                 continue
             groups: dict[pa.Schema, list[pa.Table]] = {}
             for table in tables:
                 groups.setdefault(table.schema, []).append(table)
-            ensure_table(pending.ctx.bronze_uri, tables[0].schema)
+            if not pending.ensured:
+                ensure_table(pending.ctx.bronze_uri, tables[0].schema)
+                pending.ensured = True
             for schema, same in groups.items():
                 pending.buffer.setdefault(schema, []).extend(same)
                 for data in same:

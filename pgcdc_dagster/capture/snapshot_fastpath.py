@@ -11,9 +11,9 @@ canonical shape. For a few hot types (TIMESTAMPTZ, TIMESTAMP, DATE, NUMERIC(p,s)
 whose every value has that shape is converted with a handful of vectorised string and cast
 kernels instead of the converter's general path (regular expressions, per-value fallbacks);
 any other batch, and any converter subclass (column mappers), takes the converter itself.
-TIMESTAMPTZ, the costliest, works on the string buffers themselves (numpy): its bronze value
-is the text with ``T`` for the space, the fraction padded to the column's precision and ``Z``
-for ``+00``, a fixed-width string built by one gather.
+TIMESTAMPTZ, the costliest, works on the string buffers themselves (numpy, shared with the
+stream: ``cdc.typeconv.fixed_text``): its bronze value is the text with ``T`` for the space,
+the fraction padded to the column's precision and ``Z`` for ``+00``, built by one gather.
 ``tests/integration/test_snapshot_fastpath.py`` checks the two agree, value for value, on
 real PostgreSQL output.
 """
@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.cdc.typeconv.decimal_codec import decimal_array_to_bytes
+from pgcdc_dagster.cdc.typeconv.fixed_text import zoned_utc_text
 from pgcdc_dagster.cdc.typeconv.numeric import NumericConverter
 from pgcdc_dagster.cdc.typeconv.temporal import (
     DateConverter,
@@ -56,75 +55,14 @@ def _iso_utc(text: pa.StringArray, lo: int, hi: int) -> bool:
                         pc.and_(_char_at(text, 4, "-"), _char_at(text, 10, " "))))
 
 
-def _string_parts(text: pa.StringArray
-                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8],
-                             npt.NDArray[np.bool_] | None]:
-    """Start and end offsets of the valid values, the data bytes, and the validity mask."""
-    buffers = text.buffers()
-    n = len(text)
-    offsets = np.frombuffer(buffers[1], dtype=np.int32, count=text.offset + n + 1)[text.offset:]
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None and \
-        buffers[2].size else np.zeros(1, dtype=np.uint8)
-    starts, ends = offsets[:-1].astype(np.int64), offsets[1:].astype(np.int64)
-    valid: npt.NDArray[np.bool_] | None = None
-    if text.null_count:
-        valid = np.asarray(text.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        starts, ends = starts[valid], ends[valid]
-    return starts, ends, data, valid
-
-
-def _fixed_strings(rows: npt.NDArray[np.uint8], valid: npt.NDArray[np.bool_] | None,
-                   n: int) -> pa.StringArray:
-    """A string array of ``n`` values: the rows of ``rows`` (one per valid value) and nulls."""
-    width = rows.shape[1]
-    lengths = np.full(n, width, dtype=np.int32) if valid is None else \
-        np.where(valid, width, 0).astype(np.int32)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    validity = None if valid is None else pa.array(valid, pa.bool_()).buffers()[1]
-    out = pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(offsets),
-                                                 pa.py_buffer(np.ascontiguousarray(rows))],
-                                null_count=0 if valid is None else int(n - valid.sum()))
-    assert isinstance(out, pa.StringArray)
-    return out
-
-
-_PLUS, _ZERO, _DASH, _SPACE, _COLON, _DOT = (ord(c) for c in "+0- :.")
-
-
 def _timestamptz(conv: ColumnConverter, text: pa.StringArray) -> tuple[pa.Array, pa.Array] | None:
-    """ISO output in UTC is ``YYYY-MM-DD HH:MM:SS[.f]+00`` (then `` BC`` for BC years, and
-    ``infinity``): ending in ``+00`` with a 4-digit year is the whole canonical test.
-
-    PostgreSQL prints 1 to 6 fraction digits (trailing zeros dropped, none for a whole
-    second); bronze (``ZonedTimestamp``) has exactly the column's precision of them, none at
-    precision 0.
-    """
+    """ISO output in UTC (see :func:`~pgcdc_dagster.cdc.typeconv.fixed_text.zoned_utc_text`);
+    silver is the bronze string cast to a timestamp."""
     assert isinstance(conv, TimestampTzConverter)
-    width = conv.width or 0
-    starts, ends, data, valid = _string_parts(text)
-    lengths = ends - starts
-    if not bool(np.all((lengths >= 22) & (lengths <= (23 + width if width else 22)))):
+    bronze = zoned_utc_text(text, conv.width)
+    if bronze is None:
         return None
-    if not bool(np.all((data[ends - 3] == _PLUS) & (data[ends - 2] == _ZERO)
-                       & (data[ends - 1] == _ZERO) & (data[starts + 4] == _DASH)
-                       & (data[starts + 7] == _DASH) & (data[starts + 10] == _SPACE)
-                       & (data[starts + 13] == _COLON) & (data[starts + 16] == _COLON)
-                       & ((lengths == 22) | (data[starts + 19] == _DOT)))):
-        return None
-    size = 20 + (width + 1 if width else 0)
-    rows = np.empty((len(starts), size), dtype=np.uint8)
-    rows[:, :19] = data[starts[:, None] + np.arange(19)]
-    rows[:, 10] = ord("T")
-    if width:
-        rows[:, 19] = _DOT
-        digits = np.arange(width)
-        at = np.minimum(starts[:, None] + 20 + digits, len(data) - 1)
-        rows[:, 20:20 + width] = np.where(digits < (lengths - 23)[:, None], data[at], _ZERO)
-    rows[:, size - 1] = ord("Z")
-    bronze = _fixed_strings(rows, valid, len(text))
-    silver = pc.cast(bronze, pa.timestamp("us", tz="UTC"))
-    return bronze, silver
+    return bronze, pc.cast(bronze, pa.timestamp("us", tz="UTC"))
 
 
 def _timestamp(conv: ColumnConverter, text: pa.StringArray) -> tuple[pa.Array, pa.Array] | None:

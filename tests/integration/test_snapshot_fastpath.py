@@ -1,5 +1,8 @@
 """The snapshot's vectorised fast paths equal the converters, value for value.
 
+The TIMESTAMPTZ converter's own numpy path (which the stream takes) is checked against its
+general path on the same values.
+
 Real PostgreSQL text (read through the snapshot reader, so with its pinned session settings)
 for TIMESTAMPTZ/TIMESTAMP of every precision, DATE and NUMERIC(p,s), ordinary and odd values
 (years 1..9999, BC, 5-digit years, infinities, NULLs, NaN), under every time precision mode.
@@ -14,6 +17,7 @@ from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_contexts
 from pgcdc_dagster.capture.snapshot_fastpath import _FAST, fast_convert
 from pgcdc_dagster.cdc.typeconv import TypeModes
+from pgcdc_dagster.cdc.typeconv.temporal import TimestampTzConverter
 from pgcdc_dagster.exceptions import UnsupportedTypeError
 from pgcdc_dagster.postgres.snapshot_read import Chunk, chunk_query, read_text_batches
 
@@ -60,6 +64,10 @@ def _check(ctx, data, *, expect_fast: bool) -> int:
             with pytest.raises(UnsupportedTypeError):
                 fast_convert(conv, text)
             continue
+        if isinstance(conv, TimestampTzConverter):
+            # The converter's own numpy path (shared with the stream) equals its general one.
+            general = conv.bronze_general(text)
+            assert expected[0].equals(general), conv
         bronze, silver = fast_convert(conv, text)
         assert bronze.equals(expected[0]), (conv, bronze.type, expected[0].type)
         assert silver.equals(expected[1]), (conv, silver.type, expected[1].type)

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from pgcdc_dagster.cdc.typeconv import calendar as cal
 from pgcdc_dagster.cdc.typeconv.base import BaseConverter, map_values, patch
+from pgcdc_dagster.cdc.typeconv.fixed_text import zoned_utc_text
 from pgcdc_dagster.cdc.typeconv.model import PgType, TypeModes
 from pgcdc_dagster.cdc.typeconv.schema import ConnectSchema, primitive
 
@@ -224,6 +225,14 @@ class TimestampTzConverter(BaseConverter):
                          pa.timestamp("us", tz="UTC"))
 
     def _bronze(self, text: pa.StringArray) -> pa.Array:
+        if isinstance(text, pa.StringArray):  # canonical UTC output: one numpy gather
+            fast = zoned_utc_text(text, self.width)
+            if fast is not None:
+                return fast
+        return self.bronze_general(text)
+
+    def bronze_general(self, text: pa.StringArray) -> pa.Array:
+        """The general path: any PostgreSQL output (offsets, BC years, infinities)."""
         micros = timestamp_micros(text, with_zone=True)
         # Formatting a zone-less timestamp is fast in Arrow; the instant is already UTC.
         naive = pc.cast(micros, pa.timestamp("us"))
