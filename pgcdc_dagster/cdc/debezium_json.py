@@ -131,9 +131,13 @@ TRANSACTION_BLOCK: Json = struct_schema(
 """The envelope's ``transaction`` field (EVT-14, STR-69)."""
 
 
+_CONNECT_TYPE_NAMES = {"float": "float32", "double": "float64"}
+"""JsonConverter's floating type names back to Connect's ``Schema.Type`` spelling."""
+
+
 def schema_from_json(schema: Mapping[str, Any]) -> ConnectSchema:
     """A :class:`ConnectSchema` from its JsonConverter form (inverse of ``json_schema``)."""
-    kind = str(schema["type"])
+    kind = _CONNECT_TYPE_NAMES.get(str(schema["type"]), str(schema["type"]))
     params = tuple((str(k), str(v)) for k, v in (schema.get("parameters") or {}).items())
     fields = tuple((str(f["field"]), schema_from_json(f)) for f in schema.get("fields") or ())
     items = schema_from_json(schema["items"]) if "items" in schema else None

@@ -38,7 +38,7 @@ def java_numbers(schema: Mapping[str, Any], value: Any) -> Any:
     if value is None:
         return None
     kind = schema.get("type")
-    if kind == "float32" and isinstance(value, float):
+    if kind == "float" and isinstance(value, float):  # JsonConverter's name for FLOAT32
         return float32_value(value)
     if kind == "array" and isinstance(value, list) and "items" in schema:
         return [java_numbers(schema["items"], v) for v in value]

@@ -76,7 +76,7 @@ PRICE_FIELDS = [
     {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
      "version": 1, "parameters": {"scale": "2", "connect.decimal.precision": "10"},
      "field": "amount"},
-    f("float32", "ratio", True),
+    f("float", "ratio", True),  # JsonConverter writes FLOAT32 as "float"
     {"type": "array", "items": {"type": "string", "optional": True}, "optional": True,
      "field": "tags"},
     f("bytes", "raw", True),

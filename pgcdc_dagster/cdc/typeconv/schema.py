@@ -30,15 +30,20 @@ _ARROW_PRIMITIVES: dict[str, pa.DataType] = {
     "bytes": pa.binary(),
 }
 
+_JSON_TYPE_NAMES = {"float32": "float", "float64": "double"}
+"""Where JsonConverter's schema type names differ from Connect's ``Schema.Type`` names
+(Kafka's ``JsonSchema.FLOAT_TYPE_NAME`` / ``DOUBLE_TYPE_NAME``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectSchema:
     """A Kafka Connect schema (``org.apache.kafka.connect.data.Schema``) in JSON-converter terms.
 
     Attributes:
-        type: Literal type in JsonConverter spelling: ``boolean``, ``int16``, ``int32``,
-            ``int64``, ``float32``, ``float64``, ``string``, ``bytes``, ``array``, ``map``,
-            ``struct``.
+        type: Literal type in Connect's ``Schema.Type`` spelling (lower case): ``boolean``,
+            ``int16``, ``int32``, ``int64``, ``float32``, ``float64``, ``string``, ``bytes``,
+            ``array``, ``map``, ``struct``; :meth:`json_schema` writes JsonConverter's
+            names (``float`` and ``double`` for the two floating types).
         optional: Whether the value may be null.
         name: Semantic type name, e.g. ``io.debezium.time.Date``.
         version: Semantic type version (Debezium's logical types use 1).
@@ -94,7 +99,7 @@ class ConnectSchema:
 
     def json_schema(self, field: str | None = None) -> dict[str, Any]:
         """The schema as Kafka Connect's JsonConverter writes it (``schemas.enable=true``)."""
-        out: dict[str, Any] = {"type": self.type}
+        out: dict[str, Any] = {"type": _JSON_TYPE_NAMES.get(self.type, self.type)}
         if self.type == "array" and self.items is not None:
             out["items"] = self.items.json_schema()
         elif self.type == "map" and self.keys is not None and self.values is not None:
