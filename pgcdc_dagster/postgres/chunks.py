@@ -17,8 +17,9 @@ bounds are written out lexicographically with the same NULL placement::
     k ≐ v           ≡  k = v                   (v not NULL);  k IS NULL  (v NULL)
 
 and ``key <= upto`` is its negation. Every row therefore falls in exactly one chunk, rows with
-NULL key columns included (they come last, the all-NULL key at the very end). Tables whose
-ordering columns are all NOT NULL keep the plain row comparison (index-friendly).
+NULL key columns included (they come last, the all-NULL key at the very end). The lower bound
+is read as its disjoint index ranges, merged in key order (:func:`chunk_select`). Tables whose
+ordering columns are all NOT NULL keep the plain row comparison.
 Watermarks are transactional logical decoding messages
 (``pg_logical_emit_message(true, 'pgcdc.watermark', …)``), each in its own transaction: no
 user table is written.
@@ -102,30 +103,46 @@ def _typed(value: str | None, column: KeyColumn) -> sql.Composable:
     return sql.SQL("{}::{}").format(sql.Literal(value), sql.SQL(column.sql_type))
 
 
-def _after(spec: ChunkSpec, values: Sequence[str | None]) -> sql.Composable:
-    """``key > values`` in ``ASC NULLS LAST`` order, NULL-aware (see the module doc)."""
-    terms: list[sql.Composable] = []
+def _after_terms(spec: ChunkSpec, values: Sequence[str | None]) -> list[list[sql.Composable]]:
+    """``key > values`` in ``ASC NULLS LAST`` order as disjoint conjunctions, nearest rows
+    first: for the last column with a value ``k_i > v_i`` then ``k_i IS NULL`` (nullable
+    columns only), each under equality of the columns before it, then the same for the
+    column before, and so on. Each conjunction is an index range (equalities, then one
+    range or IS NULL condition), and concatenated they are exactly the rows after
+    ``values`` in key order."""
+    terms: list[list[sql.Composable]] = []
     equal: list[sql.Composable] = []
     for v, k in zip(values, spec.order, strict=True):
         col = sql.Identifier(k.name)
         if v is not None:
-            gt: sql.Composable = sql.SQL("{} > {}").format(col, _typed(v, k))
+            terms.insert(0, [*equal, sql.SQL("{} > {}").format(col, _typed(v, k))])
             if k.name in spec.nullable:
-                gt = sql.SQL("({} OR {} IS NULL)").format(gt, col)
-            terms.append(sql.SQL(" AND ").join([*equal, gt]))
+                terms.insert(1, [*equal, sql.SQL("{} IS NULL").format(col)])
             equal.append(sql.SQL("{} = {}").format(col, _typed(v, k)))
         else:  # nothing sorts after NULL in this column: equal on it, go on to the next
             equal.append(sql.SQL("{} IS NULL").format(col))
+    return terms
+
+
+def _after(spec: ChunkSpec, values: Sequence[str | None]) -> sql.Composable:
+    """``key > values`` as one predicate (see :func:`_after_terms`); never NULL."""
+    terms = _after_terms(spec, values)
     if not terms:
         return sql.SQL("FALSE")
     return sql.SQL("({})").format(sql.SQL(" OR ").join(
-        sql.SQL("({})").format(t) for t in terms))
+        sql.SQL("({})").format(sql.SQL(" AND ").join(t)) for t in terms))
 
 
 def chunk_select(spec: ChunkSpec, after: Sequence[str | None] | None,
                  upto: Sequence[str | None] | None, limit: int) -> sql.Composed:
     """``SELECT <columns>, <order key> FROM t WHERE key > after AND key <= upto AND (cond)
-    ORDER BY key LIMIT n`` (NULLs last, NULL-aware bounds when a key column is nullable)."""
+    ORDER BY key LIMIT n`` (NULLs last, NULL-aware bounds when a key column is nullable).
+
+    With a nullable ordering column the lower bound is a disjunction; a single ``OR``
+    predicate would make PostgreSQL walk the index from the table's start on every chunk
+    (quadratic), so each disjoint range of :func:`_after_terms` is its own ordered, limited
+    branch of a ``UNION ALL`` merged in key order (Merge Append of index range scans).
+    """
     conds: list[sql.Composable] = []
     names = sql.SQL("({})").format(_names(spec)) if len(spec.order) > 1 else \
         sql.Identifier(spec.order[0].name)
@@ -134,22 +151,39 @@ def chunk_select(spec: ChunkSpec, after: Sequence[str | None] | None,
     def value(v: Sequence[str | None]) -> sql.Composable:
         return _row(v, spec) if len(spec.order) > 1 else _typed(v[0], spec.order[0])
 
+    branches: list[list[sql.Composable]] = [[]]
     if after is not None:
-        conds.append(_after(spec, after) if null_aware else
-                     sql.SQL("{} > {}").format(names, value(after)))
+        if null_aware:
+            branches = _after_terms(spec, after) or [[sql.SQL("FALSE")]]
+        else:
+            conds.append(sql.SQL("{} > {}").format(names, value(after)))
     if upto is not None:
         conds.append(sql.SQL("NOT {}").format(_after(spec, upto)) if null_aware else
                      sql.SQL("{} <= {}").format(names, value(upto)))
     if spec.condition:
         conds.append(sql.SQL("({})").format(sql.SQL(spec.condition)))
-    cols = sql.SQL(", ").join(sql.Identifier(c) for c in (*spec.columns,
-                                                          *(k.name for k in spec.order)))
-    query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(spec.schema, spec.table))
-    if conds:
-        query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(conds))
+    cols = sql.SQL(", ").join([
+        *(sql.Identifier(c) for c in spec.columns),
+        *(sql.SQL("{} AS {}").format(sql.Identifier(k.name), sql.Identifier(f"__order_{i}"))
+          for i, k in enumerate(spec.order))])
     order = sql.SQL(", ").join(sql.SQL("{} ASC NULLS LAST").format(sql.Identifier(k.name))
                                for k in spec.order)
-    return sql.SQL("{} ORDER BY {} LIMIT {}").format(query, order, sql.Literal(limit))
+    selects = []
+    for branch in branches:
+        query = sql.SQL("SELECT {} FROM {}").format(cols,
+                                                    sql.Identifier(spec.schema, spec.table))
+        where = [*branch, *conds]
+        if where:
+            query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(where))
+        selects.append(sql.SQL("{} ORDER BY {} LIMIT {}").format(query, order,
+                                                                  sql.Literal(limit)))
+    if len(selects) == 1:
+        return selects[0]
+    merged = sql.SQL(", ").join(sql.SQL("{} ASC NULLS LAST").format(
+        sql.Identifier(f"__order_{i}")) for i in range(len(spec.order)))
+    return sql.SQL("SELECT * FROM ({}) AS chunk ORDER BY {} LIMIT {}").format(
+        sql.SQL(" UNION ALL ").join(sql.SQL("({})").format(q) for q in selects), merged,
+        sql.Literal(limit))
 
 
 def max_key(conn: psycopg2.extensions.connection, spec: ChunkSpec) -> list[str | None] | None:
