@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import functools
 import os
 import shutil
@@ -127,6 +128,10 @@ def main() -> None:
     parser.add_argument("--stages", action="store_true")
     parser.add_argument("--latency-samples", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="keep the cluster and lake files")
+    parser.add_argument("--window-mb", type=int, default=0,
+                        help="window_max_bytes in MiB (default: the product default)")
+    parser.add_argument("--window-changes", type=int, default=-1,
+                        help="window_max_changes (default: the product default)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if args.stages:
@@ -142,8 +147,13 @@ def main() -> None:
         cur.execute("CREATE TABLE events (id bigint PRIMARY KEY, kind text, payload text, "
                     "at timestamptz)")
         settings = CaptureSettings(dsn=cluster.dsn, lakehouse=str(root / "lake"),
-                                   include=("public\\..*",), slot="bench", publication="bench",
-                                   window_max_bytes=128 << 20)
+                                   include=("public\\..*",), slot="bench", publication="bench")
+        if args.window_mb:
+            settings = dataclasses.replace(settings, window_max_bytes=args.window_mb << 20)
+        if args.window_changes >= 0:
+            settings = dataclasses.replace(settings, window_max_changes=args.window_changes)
+        print(f"windows: at most {settings.window_max_bytes >> 20} MiB of WAL and "
+              f"{settings.window_max_changes:,} changes")
         spark = build_session()
         run_bronze(settings, spark, force_snapshot_step=True)
         run_silver(settings, spark)
@@ -175,6 +185,9 @@ def main() -> None:
                   f"({ours_s:.1f} s: bronze {bronze_s:.1f} s, silver {ours_s - bronze_s:.1f} s; "
                   f"{len(report.stream.windows)} windows)")
             print(f"  ratio: {ours_rate / raw_rate:.3f}")
+            print("  windows (changes, WAL MiB): " + ", ".join(
+                f"{w.changes:,} {(int(w.end) - int(w.start)) / 2**20:.0f}"
+                for w in report.stream.windows))
             for label, seconds in STAGES.items():
                 print(f"    {label:48s} {seconds:6.2f} s")
         if args.repeat > 1:

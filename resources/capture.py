@@ -46,7 +46,7 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     money_fraction_digits: int = Field(
         default=2, description="money.fraction.digits: the scale of MONEY values.")
     window_max_bytes: int = Field(
-        default=64 << 20, description="Largest WAL span (bytes) one micro-batch window reads.")
+        default=256 << 20, description="Largest WAL span (bytes) one micro-batch window reads.")
     max_windows: int = Field(default=1000,
                              description="Windows one micro-batch run may read at most.")
     time_budget_seconds: float = Field(
