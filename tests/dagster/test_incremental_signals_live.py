@@ -14,6 +14,7 @@ further chunk is read; resume continues at the next chunk; stop leaves no furthe
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import dagster as dg
@@ -57,7 +58,11 @@ def test_pause_resume_stop_while_running(channel, capture, pg_conn, monkeypatch)
         with pg_conn.cursor() as cur:
             cur.execute("INSERT INTO dbz_signal VALUES (%s, %s, %s)",
                         (f"{kind}-{counter[0]}", kind, data))
-        result = _tick(definitions, instance, cursor[0])
+        if threading.current_thread() is threading.main_thread():
+            result = _tick(definitions, instance, cursor[0])
+        else:  # the chunk reader: a sqlite instance must stay in its own thread
+            with dg.DagsterInstance.ephemeral() as own:
+                result = _tick(definitions, own, cursor[0])
         cursor[0] = result.cursor
         return list(result.run_requests)
 
@@ -66,8 +71,8 @@ def test_pause_resume_stop_while_running(channel, capture, pg_conn, monkeypatch)
     def via_dagster(kind: str, data: str) -> list[dg.RunRequest]:
         # Its own (ephemeral) instance: it may run while the snapshot run executes; the
         # signal's effect is the progress store, shared through the lakehouse.
-        res = signal_job.execute_in_process(
-            instance=dg.DagsterInstance.ephemeral(), run_config={"ops": {
+        with dg.DagsterInstance.ephemeral() as own:
+            res = signal_job.execute_in_process(instance=own, run_config={"ops": {
                 "apply_incremental_signal": {"config": {"type": kind, "data": data}}}})
         assert res.success
         return []
