@@ -1,7 +1,8 @@
 """Micro-batches: bounded slot windows into bronze exactly once, then silver, then advance.
 
 Each window (design.md §3, decisions 2–3; STR- items):
-1. ``upto`` = min(flushed WAL, confirmed position + ``window_max_bytes``): never unbounded;
+1. ``upto`` = min(WAL flushed when the run started, confirmed position +
+   ``window_max_bytes``): never unbounded;
 2. peek the slot up to ``upto`` (whole transactions only; nothing is consumed);
 3. per table, drop transactions at or below the table's committed window (a replay after a
    crash between the bronze commit and the slot advance) and append the rest to bronze,
@@ -176,11 +177,16 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
             skipped_ops=skipped, tombstones_on_delete=settings.tombstones_on_delete,
             transaction_metadata=settings.provide_transaction_metadata,
             ignore_message_prefixes=OWN_MESSAGE_PREFIXES)
+        # Without a hook, the run catches up to the WAL flushed when it started: WAL written
+        # meanwhile (autovacuum, new changes) is the next run's, so a run ends instead of
+        # peeking once more (every peek decodes again from the slot's restart point). A hook
+        # (incremental snapshot) writes watermarks it must read back: it follows the WAL.
+        target = current_flush_lsn(conn) if hook is None else None
         try:
             for _ in range(settings.max_windows):
                 if time.monotonic() - started > settings.time_budget_s:
                     break
-                flushed = current_flush_lsn(conn)
+                flushed = current_flush_lsn(conn) if target is None else target
                 if flushed <= position:
                     break
                 upto = Lsn(min(int(flushed), int(position) + settings.window_max_bytes))
