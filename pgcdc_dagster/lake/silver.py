@@ -36,8 +36,12 @@ _SEQ_NEWER = ("(s.__commit_lsn > t.__commit_lsn) OR "
 
 
 def silver_schema(relation: Relation, converters: Sequence[ColumnConverter]) -> pa.Schema:
-    """Arrow schema of a silver table: native source columns, then metadata columns."""
-    fields = [c.silver_field.with_nullable(not col.is_key)
+    """Arrow schema of a silver table: native source columns, then metadata columns.
+
+    A key column is NOT NULL when its source column is (every primary key); a nullable
+    ``message.key.columns`` column stays nullable, and NULL is then one key value.
+    """
+    fields = [c.silver_field.with_nullable(c.silver_field.nullable or not col.is_key)
               for col, c in zip(relation.columns, converters, strict=True)]
     return pa.schema([*fields, *META_FIELDS])
 
@@ -100,6 +104,15 @@ def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation
     keys = relation.key_names
     table.update_incremental()
     stored = pa.schema(table.schema().to_arrow())
+    relaxed = [k for k in keys if rows.schema.field(k).nullable
+               and stored.get_field_index(k) >= 0 and not stored.field(k).nullable]
+    if relaxed:
+        # The key column became nullable at the source (DROP NOT NULL), or the table was
+        # written when silver declared every key NOT NULL.
+        for k in relaxed:
+            table.alter.drop_column_not_null(k)
+        table.update_incremental()
+        stored = pa.schema(table.schema().to_arrow())
     if stored.names == rows.schema.names and _new_keys_only(table, rows, keys):
         # Every key is new (insert-heavy tables with growing keys): the MERGE would insert
         # every row; an append does the same without joining against the stored rows.
@@ -109,7 +122,7 @@ def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation
         counts["inserted"] = rows.num_rows
         return counts
     source = rows.append_column("__toast_unchanged", toast_unchanged)
-    predicate = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+    predicate = key_predicate(keys, [rows.schema.field(k).nullable for k in keys])
     toast = set(toastable)
     updates = {}
     for name in rows.column_names:
@@ -132,12 +145,29 @@ def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation
     return counts
 
 
+def key_predicate(keys: Sequence[str], nullable: Sequence[bool]) -> str:
+    """The MERGE's key match: ``=`` when every key column is NOT NULL (a hash join on them).
+
+    With a nullable key column, NULL equals NULL (a NULL-keyed row is one key, as under a
+    unique index ``NULLS NOT DISTINCT``): every key column is then matched with ``IS NOT
+    DISTINCT FROM``, which DataFusion also hashes (null-equal keys). Mixing it with ``=``
+    would hash on the ``=`` columns alone and filter the rest, quadratic when those are few
+    distinct values. Each term is parenthesized: delta-rs parses ``a IS NOT DISTINCT FROM b
+    AND c`` as ``a IS NOT DISTINCT FROM (b AND c)``.
+    """
+    if not any(nullable):
+        return " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+    return " AND ".join(f"(t.{_q(k)} IS NOT DISTINCT FROM s.{_q(k)})" for k in keys)
+
+
 def _new_keys_only(table: DeltaTable, rows: pa.Table, keys: Sequence[str]) -> bool:
     """True when no stored row (tombstones included) can hold a key of ``rows``.
 
     Decided from the files' statistics alone, for a single integer key: the batch's key
-    range overlaps no file's range. Anything else (composite or non-integer keys, files
-    without statistics) answers False, and the MERGE decides.
+    range overlaps no file's range. Anything else (composite or non-integer keys, a NULL key
+    in the batch, files without statistics or whose keys are all NULL) answers False, and
+    the MERGE decides. A stored NULL key cannot hold a batch key that is not NULL, so the
+    (NULL-ignoring) min/max statistics suffice.
     """
     if len(keys) != 1 or rows.num_rows == 0:
         return False
