@@ -2,8 +2,10 @@
 
 Prints the raw ``pg_logical_slot_peek_binary_changes`` rate over the pending WAL (PostgreSQL
 alone, COPY into a byte-counting sink: the limit), our end-to-end rate (peek -> bronze ->
-silver -> advance, several windows), their ratio (issue 6 target: >= 0.25), and the
-commit-to-silver latency of a small change under a scheduled loop.
+silver -> advance, several windows), their ratio (issue 6 target: >= 0.25), the
+commit-to-silver latency of a small change after one micro-batch run, and the latency under
+the scheduled loop: the ``cdc_microbatch`` Dagster job run again ``--loop-interval`` seconds
+after each run while single rows are committed at random moments (``--loop-samples``).
 
 ``--repeat N`` measures N rounds (fresh changes each, same cluster) and prints the best and
 median ratio with the load average of each round (the machine is shared: compare ratios,
@@ -121,12 +123,73 @@ def generate(cur: Any, per: int, offset: int) -> None:
     cur.execute("CHECKPOINT")
 
 
+def loop_latency(settings: CaptureSettings, cur: Any, samples: int, interval: float) -> None:
+    """Commit-to-silver latency under the scheduled loop.
+
+    The ``cdc_microbatch`` Dagster job (in process, with the real resources) runs again
+    ``interval`` seconds after each run ends, as a schedule would fire it; meanwhile single
+    rows are committed at random moments and each one's latency is the time until a delta-rs
+    read of silver shows it. Expected: about ``interval / 2`` plus one run's duration.
+    """
+    import random
+    import threading
+
+    from pgcdc_dagster.definitions import build_definitions
+    from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+
+    definitions = build_definitions([("public", "orders"), ("public", "events")], {
+        "postgres": PostgresResource(dsn=settings.dsn),
+        "lakehouse": LakehouseResource(root=settings.lakehouse),
+        "capture": CaptureResource(tables="public\\..*", slot=settings.slot,
+                                   publication=settings.publication),
+        "spark": SparkResource(),
+    })
+    job = definitions.resolve_job_def("cdc_microbatch")
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    job.execute_in_process(run_config=quiet)  # catch up first; the loop measures steady state
+    stop = threading.Event()
+    runs: list[float] = []
+
+    def loop() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            assert job.execute_in_process(run_config=quiet).success
+            runs.append(time.perf_counter() - started)
+            stop.wait(interval)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    rng = random.Random(7)
+    uri = table_uri(settings.lakehouse, "silver", "public", "orders")
+    latencies = []
+    for i in range(samples):
+        time.sleep(rng.uniform(0.0, interval + 1.0))
+        key = 20_000_000_000 + i
+        cur.execute("INSERT INTO orders VALUES (%s, 1, 'loop', 1, now())", (key,))
+        committed = time.perf_counter()
+        while DeltaTable(uri).to_pyarrow_table(filters=[("id", "=", key)]).num_rows == 0:
+            time.sleep(0.05)
+        latencies.append(time.perf_counter() - committed)
+    stop.set()
+    thread.join()
+    print(f"commit-to-silver latency under the scheduled loop (cdc_microbatch job in process, "
+          f"{interval:.1f} s between runs, runs took median {statistics.median(runs):.2f} s): "
+          f"median {statistics.median(latencies):.2f} s, max {max(latencies):.2f} s "
+          f"over {samples} changes")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--stages", action="store_true")
     parser.add_argument("--latency-samples", type=int, default=5)
+    parser.add_argument("--loop-samples", type=int, default=5,
+                        help="changes committed at random moments while the cdc_microbatch "
+                             "Dagster job runs in a loop (0: skip)")
+    parser.add_argument("--loop-interval", type=float, default=2.0,
+                        help="seconds between the end of one loop run and the next start "
+                             "(a schedule's interval, shortened)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster and lake files")
     parser.add_argument("--window-mb", type=int, default=0,
                         help="window_max_bytes in MiB (default: the product default)")
@@ -211,6 +274,8 @@ def main() -> None:
             print(f"commit-to-silver latency of a small change (one micro-batch run, no "
                   f"schedule wait): median {statistics.median(latencies):.2f} s, "
                   f"max {max(latencies):.2f} s")
+        if args.loop_samples:
+            loop_latency(settings, cur, args.loop_samples, args.loop_interval)
         spark.stop()
     finally:
         cluster.stop()
