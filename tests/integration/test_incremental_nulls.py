@@ -5,7 +5,7 @@ column is nullable: a nullable ``surrogate-key`` (``sk.grp``) and a ``message.ke
 key on nullable columns (``nk (a, b)``, unique NULLS NOT DISTINCT, REPLICA IDENTITY FULL).
 Every row is read in exactly one chunk, NULLs in any position included; with writers
 changing rows (surrogate values to and from NULL, NULL-keyed rows updated and deleted) inside
-every chunk window, silver equals the source.
+every chunk window, silver equals the source (NULL-keyed rows included).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.cdc.dblog import parse_signal
 from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.silver import live_rows
 from pgcdc_dagster.postgres.chunks import ChunkSpec, chunk_select, max_key, ordering, read_chunk
 from tests.integration.test_incremental import micro_batch
 from tests.support.bronze_state import bronze_state
@@ -58,11 +59,13 @@ INSERT INTO nk VALUES (NULL, NULL, -1);
 
 
 def check(pg_conn, lakehouse: Path) -> None:
-    """``sk`` through silver; ``nk`` (NULLs in key columns) through the bronze events folded
-    per key: silver declares key columns NOT NULL and MERGEs on ``=``, so it cannot hold a
-    NULL key yet (docs/incremental.md, Limits)."""
+    """``sk`` and ``nk`` (NULLs in key columns) through silver, one live row per key; ``nk``
+    also through the bronze events folded per key."""
     assert_silver_equals_source(pg_conn, table_uri(str(lakehouse), "silver", "public", "sk"),
                                 "public", "sk", ["id"])
+    uri = table_uri(str(lakehouse), "silver", "public", "nk")
+    count = assert_silver_equals_source(pg_conn, uri, "public", "nk", ["a", "b"])
+    assert live_rows(uri).num_rows == count
     expected = source_rows(pg_conn, "public", "nk", ["a", "b"])
     actual = bronze_state(table_uri(str(lakehouse), "bronze", "public", "nk"), ["a", "b"])
     assert actual == expected, (sorted(expected.keys() - actual.keys(), key=str)[:5],
@@ -171,7 +174,7 @@ def test_nullable_surrogate_and_key_converge(pg_dsn, pg_conn, spark, lakehouse,
         source_nk = cur.fetchall()
     assert len(nk_keys) == len(set(nk_keys)) == 121
     assert set(nk_keys) == set(source_nk)
-    run_silver(settings, spark, only=[("public", "sk")])
+    run_silver(settings, spark, only=[("public", "sk"), ("public", "nk")])
     check(pg_conn, lakehouse)
 
     # Pass 2: writes inside every chunk window, before and after the read.
@@ -229,7 +232,7 @@ def test_nullable_surrogate_and_key_converge(pg_dsn, pg_conn, spark, lakehouse,
     second = {t.table: t for t in run_incremental(settings).tables}
     monkeypatch.setattr(incremental, "read_chunk", real)
     micro_batch(settings)
-    run_silver(settings, spark, only=[("public", "sk")])
+    run_silver(settings, spark, only=[("public", "sk"), ("public", "nk")])
     check(pg_conn, lakehouse)
     assert second["public.sk"].status == second["public.nk"].status == "done"
     assert in_window[0] > 20  # rows really changed inside the windows

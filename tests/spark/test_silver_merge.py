@@ -36,7 +36,8 @@ IDENT = SourceIdentity("test", "db")
 
 def _ctx(lakehouse) -> TableContext:
     modes = TypeModes()
-    convs = (converter_for("id", INT4, -1, modes), converter_for("title", TEXT, -1, modes),
+    convs = (converter_for("id", INT4, -1, modes, nullable=False),
+             converter_for("title", TEXT, -1, modes),
              converter_for("body", TEXT, -1, modes))
     return TableContext(REL, convs, table_uri(str(lakehouse), "bronze", "public", "docs"),
                         table_uri(str(lakehouse), "silver", "public", "docs"),
