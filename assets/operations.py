@@ -1,11 +1,15 @@
-"""Operations: the ``teardown`` job that drops the slot and publication, after confirmation.
+"""Operations: the ``teardown`` job that drops the slot and publication, after confirmation,
+and the ``silver_maintenance`` job that applies the tombstone retention.
 
-Run it with ``ops: {drop_slot_and_publication: {config: {confirm: "<slot name>"}}}``. It
-never touches the lakehouse: bronze keeps the history and silver the last state. Capture
+Run teardown with ``ops: {drop_slot_and_publication: {config: {confirm: "<slot name>"}}}``.
+It never touches the lakehouse: bronze keeps the history and silver the last state. Capture
 resumes only with a new snapshot (the initial_snapshot job: silver is replaced).
 """
 
 # No ``from __future__ import annotations``: Dagster reads the config/resource annotations.
+
+import time
+from collections.abc import Sequence
 
 import dagster as dg
 from pydantic import Field
@@ -13,8 +17,10 @@ from pydantic import Field
 from assets.capture import CAPTURE_POOL, SLOT_KEY
 from assets.jobs import TEARDOWN
 from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.tombstones import purge_tombstones
 from pgcdc_dagster.ops.teardown import check_confirmation, teardown
-from resources import CaptureResource, PostgresResource
+from resources import CaptureResource, LakehouseResource, PostgresResource
 
 
 class TeardownConfig(dg.Config):
@@ -60,3 +66,49 @@ def drop_slot_and_publication(context: dg.OpExecutionContext, config: TeardownCo
         "slot retains. Needs run config confirm: <slot name>. The lakehouse is not touched.")
 def teardown_job() -> None:
     drop_slot_and_publication()
+
+
+MAINTENANCE = "silver_maintenance"
+
+
+def build_maintenance_job(tables: Sequence[tuple[str, str]]) -> dg.JobDefinition:
+    """The silver_maintenance job: purge each captured table's expired silver tombstones.
+
+    It does not touch the slot, so it is not in the slot's pool (tests/dagster/test_pool.py);
+    a silver merge committing at the same moment makes one of the two Delta commits fail
+    with a conflict, and a rerun of the failed one is safe (neither is half-applied).
+    """
+    @dg.op(tags={"pgcdc/operation": "tombstone_purge"},
+           description="Delete silver tombstones (__deleted rows) whose delete committed more "
+           "than tombstone_retention_hours ago.")
+    def purge_silver_tombstones(context: dg.OpExecutionContext, postgres: PostgresResource,
+                                lakehouse: LakehouseResource,
+                                capture: CaptureResource) -> None:
+        settings = capture.settings(postgres.dsn, lakehouse.root)
+        hours = capture.tombstone_retention_hours
+        if hours < 0:
+            raise dg.Failure(description=f"tombstone_retention_hours = {hours}: use 0 or more "
+                             "(0 purges every tombstone)", allow_retries=False)
+        cutoff_ms = int((time.time() - hours * 3600) * 1000)
+        total = 0
+        for schema, table in tables:
+            uri = table_uri(lakehouse.root, "silver", schema, table)
+            purged = purge_tombstones(uri, cutoff_ms,
+                                      app_id=f"{settings.app_prefix}:silver:{schema}.{table}")
+            total += purged
+            if purged:
+                context.log.info(f"silver {schema}.{table}: {purged} tombstones older than "
+                                 f"{hours} h purged")
+            context.log_event(dg.AssetObservation(
+                asset_key=dg.AssetKey(["silver", schema, table]),
+                metadata={"tombstones_purged": purged, "retention_hours": hours}))
+        context.log.info(f"{total} tombstones purged in {len(tables)} silver tables")
+
+    @dg.job(name=MAINTENANCE, executor_def=dg.in_process_executor,
+            tags={"pgcdc/job": MAINTENANCE},
+            description="Apply the tombstone retention to every silver table (delete rows "
+            "whose __deleted tombstone is older than tombstone_retention_hours).")
+    def silver_maintenance() -> None:
+        purge_silver_tombstones()
+
+    return silver_maintenance

@@ -17,6 +17,7 @@ from pgcdc_dagster.ops.settings import ENV, MonitorSettings
 
 MICROBATCH_SCHEDULE = "cdc_microbatch_schedule"
 CHECKS_SCHEDULE = "capture_checks_schedule"
+MAINTENANCE_SCHEDULE = "silver_maintenance_schedule"
 
 
 def _cron(value: str, env: str) -> str:
@@ -51,3 +52,14 @@ def build_schedules(jobs: CaptureJobs,
         description=f"Run every asset check on '{settings.checks_cron}' "
         f"({ENV['checks_cron']}).")
     return [cdc_microbatch_schedule, checks]
+
+
+def build_maintenance_schedule(job: dg.JobDefinition,
+                               settings: MonitorSettings) -> dg.ScheduleDefinition:
+    """The silver_maintenance schedule (tombstone retention), created stopped."""
+    cron = _cron(settings.maintenance_cron, ENV["maintenance_cron"])
+    return dg.ScheduleDefinition(
+        name=MAINTENANCE_SCHEDULE, job=job, cron_schedule=cron,
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description=f"Run silver_maintenance on '{cron}' ({ENV['maintenance_cron']}): purge "
+        "silver tombstones older than tombstone_retention_hours.")

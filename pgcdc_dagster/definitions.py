@@ -16,8 +16,8 @@ from assets import CAPTURE_POOL, build_capture_assets, source_specs
 from assets.checks import build_asset_checks
 from assets.incremental import build_incremental
 from assets.jobs import build_jobs
-from assets.operations import teardown_job
-from assets.schedules import build_schedules
+from assets.operations import build_maintenance_job, teardown_job
+from assets.schedules import build_maintenance_schedule, build_schedules
 from assets.sensors import build_sensors
 from assets.signals import build_signal_sensor, signal_job
 from pgcdc_dagster.exceptions import ConfigurationError
@@ -38,6 +38,7 @@ _CAPTURE_ENV = {
 }
 _CAPTURE_INT_ENV = {
     "incremental_snapshot_chunk_size": "PGCDC_INCREMENTAL_CHUNK_SIZE",
+    "tombstone_retention_hours": "PGCDC_TOMBSTONE_RETENTION_HOURS",
 }
 
 
@@ -78,13 +79,15 @@ def build_definitions(tables: Sequence[tuple[str, str]],
     """
     settings = settings if settings is not None else MonitorSettings.from_env(os.environ)
     jobs = build_jobs(tables)
+    maintenance = build_maintenance_job(tables)
     incremental, incremental_job = build_incremental(tables, settings.owners)
     return dg.Definitions(
         assets=[*source_specs(tables, settings.owners),
                 *build_capture_assets(tables, settings.owners), incremental],
         asset_checks=build_asset_checks(tables, settings),
-        jobs=[*jobs.all(), incremental_job, signal_job, teardown_job],
-        schedules=build_schedules(jobs, settings),
+        jobs=[*jobs.all(), incremental_job, signal_job, teardown_job, maintenance],
+        schedules=[*build_schedules(jobs, settings),
+                   build_maintenance_schedule(maintenance, settings)],
         sensors=[*build_sensors(tables, jobs, settings),
                  build_signal_sensor(tables, incremental_job)],
         resources=dict(resources) if resources is not None else default_resources(),

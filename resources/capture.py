@@ -112,6 +112,12 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     heartbeat_action_query: str = Field(
         default="", description="heartbeat.action.query: SQL run on the source at each run.")
 
+    tombstone_retention_hours: int = Field(
+        default=168,
+        description="Silver keeps a deleted key's tombstone (__deleted = true) this many hours "
+        "after the delete committed (PGCDC_TOMBSTONE_RETENTION_HOURS); the silver_maintenance "
+        "job purges older ones. Replays happen only around a crash, so days are plenty.")
+
     incremental_snapshot_chunk_size: int = Field(
         default=DEFAULT_INCREMENTAL_CHUNK_SIZE,
         description="incremental.snapshot.chunk.size (PGCDC_INCREMENTAL_CHUNK_SIZE): rows per "

@@ -14,6 +14,7 @@ from pgcdc_dagster.ops.slot_health import SlotThresholds
 ENV = {
     "microbatch_cron": "PGCDC_MICROBATCH_CRON",
     "checks_cron": "PGCDC_CHECKS_CRON",
+    "maintenance_cron": "PGCDC_MAINTENANCE_CRON",
     "lag_trigger_bytes": "PGCDC_LAG_TRIGGER_BYTES",
     "retained_trigger_bytes": "PGCDC_RETAINED_TRIGGER_BYTES",
     "lag_trigger_changes": "PGCDC_LAG_TRIGGER_CHANGES",
@@ -45,6 +46,8 @@ class MonitorSettings:
     """Cron of the cdc_microbatch schedule (``PGCDC_MICROBATCH_CRON``)."""
     checks_cron: str = "0 3 * * *"
     """Cron of the capture_checks schedule (``PGCDC_CHECKS_CRON``)."""
+    maintenance_cron: str = "30 3 * * *"
+    """Cron of the silver_maintenance schedule (``PGCDC_MAINTENANCE_CRON``)."""
     lag_trigger_bytes: int = 64 << 20
     """The slot-lag sensor launches cdc_microbatch when the slot's lag (WAL written since its
     confirmed position) reaches this (``PGCDC_LAG_TRIGGER_BYTES``)."""
@@ -83,6 +86,7 @@ class MonitorSettings:
         return cls(
             microbatch_cron=get("microbatch_cron") or base.microbatch_cron,
             checks_cron=get("checks_cron") or base.checks_cron,
+            maintenance_cron=get("maintenance_cron") or base.maintenance_cron,
             lag_trigger_bytes=_size(get("lag_trigger_bytes"), ENV["lag_trigger_bytes"],
                                     base.lag_trigger_bytes),
             retained_trigger_bytes=_size(get("retained_trigger_bytes"),

@@ -41,6 +41,7 @@ NOT_SLOT_OPS = {
     "silver_schema_matches_source": "compares the catalog with the silver schema",
     "source__replication_slot_slot_healthy": "reads pg_replication_slots / pg_stat_* views",
     "apply_incremental_signal": "records a signal in the lakehouse progress store",
+    "purge_silver_tombstones": "deletes expired tombstones from silver Delta tables",
 }
 
 SLOT_ENTRY_POINTS = {
