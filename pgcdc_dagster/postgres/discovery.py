@@ -29,7 +29,7 @@ ORDER BY a.attnum
 """
 
 _KEY_SQL = """
-SELECT i.indisprimary, a.attname
+SELECT i.indisprimary, i.indisreplident, a.attname
 FROM pg_index i
 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
@@ -128,8 +128,17 @@ def describe_table(conn: psycopg2.extensions.connection, oid: int, schema: str, 
         key_rows = cur.fetchall()
         cur.execute(_COLUMNS_SQL, (oid,))
         cols = cur.fetchall()
-    has_pk = any(primary for primary, _ in key_rows)
-    key = [name for primary, name in key_rows if primary == has_pk]
+    # REPLICA IDENTITY USING INDEX: pgoutput's old images (deletes, updates of the index
+    # columns) carry the index columns only, so they are the key (seed 002: the key holds
+    # "the unique key constraint with REPLICA IDENTITY set to ... USING INDEX"); a primary
+    # key that is not the identity would reach a delete as NULLs and a change of it
+    # without an old image at all.
+    by_index = replica_identity == "i" and any(ident for _, ident, _ in key_rows)
+    has_pk = any(primary for primary, _, _ in key_rows)
+    if by_index:
+        key = [name for _, ident, name in key_rows if ident]
+    else:
+        key = [name for primary, _, name in key_rows if primary == has_pk]
     if not key and key_for is not None:
         key = list(key_for(schema, table, [str(c[0]) for c in cols]) or ())
     if not key:
@@ -143,6 +152,48 @@ def describe_table(conn: psycopg2.extensions.connection, oid: int, schema: str, 
     key_set = set(key)
     columns = tuple(Column(name, int(typ), int(mod), name in key_set) for name, typ, mod in cols)
     return Relation(int(oid), schema, table, str(replica_identity), columns)
+
+
+_NO_IDENTITY_SQL = """
+SELECT n.nspname, c.relname, c.relreplident
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind = 'r'
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%%'
+  AND n.nspname NOT LIKE 'pg_temp%%' AND c.relpersistence = 'p'
+  AND (c.relreplident = 'n'
+       OR (c.relreplident = 'd' AND NOT EXISTS (
+             SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))
+       OR (c.relreplident = 'i' AND NOT EXISTS (
+             SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)))
+ORDER BY n.nspname, c.relname
+"""
+
+
+def tables_without_replica_identity(conn: psycopg2.extensions.connection,
+                                    tables: Sequence[tuple[str, str]] | None = None
+                                    ) -> list[tuple[str, str, str]]:
+    """``(schema, table, relreplident)`` of the tables with no replica identity (STR-45).
+
+    A table has none under REPLICA IDENTITY NOTHING, under DEFAULT without a primary key,
+    or under USING INDEX once the index is gone. In a publication that publishes updates or
+    deletes, PostgreSQL refuses the source's own UPDATE and DELETE on such a table ("cannot
+    update table ... because it does not have a replica identity and publishes updates").
+    ``tables`` restricts the answer (None: every permanent table of the database; partitions
+    included, as PostgreSQL checks the partition a row is in).
+    """
+    with conn.cursor() as cur:
+        cur.execute(_NO_IDENTITY_SQL)
+        rows = [(str(s), str(t), str(r)) for s, t, r in cur.fetchall()]
+    if tables is None:
+        return rows
+    wanted = set(tables)
+    return [r for r in rows if (r[0], r[1]) in wanted]
+
+
+def replica_identity_fix(schema: str, table: str) -> str:
+    """How to give ``schema.table`` a replica identity (the error text's fix)."""
+    return (f"ALTER TABLE {schema}.{table} REPLICA IDENTITY FULL (or ADD PRIMARY KEY, or "
+            "REPLICA IDENTITY USING INDEX on a unique index of NOT NULL columns)")
 
 
 def table_exists(conn: psycopg2.extensions.connection, schema: str, table: str) -> bool:

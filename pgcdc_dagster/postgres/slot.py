@@ -18,6 +18,7 @@ from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, SlotInUseError, SlotLostError
 from pgcdc_dagster.postgres.connection import connect
+from pgcdc_dagster.postgres.discovery import replica_identity_fix, tables_without_replica_identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,25 +151,48 @@ def drop_slot(conn: psycopg2.extensions.connection, slot: str) -> bool:
 
 
 def ensure_publication(conn: psycopg2.extensions.connection, name: str,
-                       tables: Sequence[Relation], mode: str = "filtered") -> None:
-    """Create or extend the publication (``publication.autocreate.mode``).
+                       tables: Sequence[Relation], mode: str = "filtered", *,
+                       prune: bool = False) -> None:
+    """Create or extend the publication (``publication.autocreate.mode``, STR-29/30).
 
-    ``filtered`` publishes exactly the captured tables (adding missing ones), ``all_tables``
-    creates ``FOR ALL TABLES``, ``disabled`` only checks that the publication exists.
+    ``filtered`` publishes the captured tables (adding missing ones; with ``prune``, and
+    ``tables`` the whole capture set, dropping the others as Debezium's filtered mode sets the
+    publication to the filtered tables), ``all_tables`` creates ``FOR ALL TABLES``,
+    ``disabled`` only checks that the publication exists and holds every captured table.
+
+    The project never makes the source's own writes fail (STR-45): it refuses to add a table
+    without a replica identity to a publication that publishes updates or deletes, and to
+    create ``FOR ALL TABLES`` while the database has such a table.
+
+    Raises:
+        ConfigurationError: an unknown mode; ``disabled`` with a missing publication or one
+            lacking captured tables; a table without a replica identity to be published.
     """
     with conn.cursor() as cur:
-        cur.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,))
+        cur.execute("SELECT puballtables, pubupdate OR pubdelete FROM pg_publication "
+                    "WHERE pubname = %s", (name,))
         row = cur.fetchone()
         if mode == "disabled":
             if row is None:
                 raise ConfigurationError(
                     f"publication {name!r} does not exist and publication.autocreate.mode is "
-                    "'disabled'. Create it, or set the mode to 'filtered'."
+                    f"'disabled'. Create it (CREATE PUBLICATION {name} FOR TABLE ...), or set "
+                    "the mode to 'filtered'."
+                )
+            lacking = [] if row[0] else _unpublished(cur, name, tables)
+            if lacking:
+                raise ConfigurationError(
+                    f"publication {name!r} does not publish {', '.join(lacking)}, so their "
+                    "changes would never be captured, and publication.autocreate.mode is "
+                    f"'disabled'. Fix: ALTER PUBLICATION {name} ADD TABLE "
+                    f"{', '.join(lacking)}; or set the mode to 'filtered', or remove them "
+                    "from the include list."
                 )
             return
         ident = sql.Identifier(name)
         if mode == "all_tables":
             if row is None:
+                _refuse_without_identity(conn, name, None, "FOR ALL TABLES")
                 cur.execute(sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(ident))
             return
         if mode != "filtered":
@@ -176,8 +200,9 @@ def ensure_publication(conn: psycopg2.extensions.connection, name: str,
                 "publication.autocreate.mode must be all_tables, disabled or filtered, "
                 f"not {mode!r}"
             )
-        wanted = [sql.Identifier(t.namespace, t.name) for t in tables]
         if row is None:
+            _refuse_without_identity(conn, name, tables, "filtered")
+            wanted = [sql.Identifier(t.namespace, t.name) for t in tables]
             stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}")
             cur.execute(stmt.format(ident, sql.SQL(", ").join(wanted)))
             return
@@ -185,12 +210,55 @@ def ensure_publication(conn: psycopg2.extensions.connection, name: str,
             return
         cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
                     (name,))
-        present = set(cur.fetchall())
-        missing = [sql.Identifier(t.namespace, t.name) for t in tables
-                   if (t.namespace, t.name) not in present]
-        if missing:
+        present = {(str(s), str(t)) for s, t in cur.fetchall()}
+        adding = [t for t in tables if (t.namespace, t.name) not in present]
+        if adding and row[1]:
+            _refuse_without_identity(conn, name, adding, "filtered")
+        if adding:
             stmt = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}")
-            cur.execute(stmt.format(ident, sql.SQL(", ").join(missing)))
+            cur.execute(stmt.format(ident, sql.SQL(", ").join(
+                sql.Identifier(t.namespace, t.name) for t in adding)))
+        captured = {(t.namespace, t.name) for t in tables}
+        extra = sorted(present - captured)
+        if prune and extra and tables:
+            stmt = sql.SQL("ALTER PUBLICATION {} DROP TABLE {}")
+            cur.execute(stmt.format(ident, sql.SQL(", ").join(
+                sql.Identifier(s, t) for s, t in extra)))
+
+
+def _unpublished(cur: psycopg2.extensions.cursor, name: str,
+                 tables: Sequence[Relation]) -> list[str]:
+    cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                (name,))
+    present = {(str(s), str(t)) for s, t in cur.fetchall()}
+    return [f"{t.namespace}.{t.name}" for t in tables if (t.namespace, t.name) not in present]
+
+
+def _refuse_without_identity(conn: psycopg2.extensions.connection, name: str,
+                             tables: Sequence[Relation] | None, how: str) -> None:
+    """Raise when publishing ``tables`` (None: every table) would break the source's writes."""
+    names = None if tables is None else [(t.namespace, t.name) for t in tables]
+    bad = tables_without_replica_identity(conn, names)
+    if not bad:
+        return
+    listed = ", ".join(f"{s}.{t} (REPLICA IDENTITY {_IDENTITY_NAMES.get(r, r)})"
+                       for s, t, r in bad)
+    fixes = "; ".join(replica_identity_fix(s, t) for s, t, _ in bad)
+    scope = ("a publication FOR ALL TABLES would include " if tables is None
+             else f"publication {name!r} would include ")
+    raise ConfigurationError(
+        f"{scope}{listed}, which has no replica identity: PostgreSQL would then refuse every "
+        "UPDATE and DELETE on it (\"cannot update table ... because it does not have a "
+        "replica identity and publishes updates\"), so the project does not publish it. "
+        f"Fix: {fixes}; a keyless table keyed by message.key.columns needs REPLICA IDENTITY "
+        "FULL. Or exclude it from the include list"
+        + (", or use publication.autocreate.mode = filtered." if how == "FOR ALL TABLES"
+           else ".")
+    )
+
+
+_IDENTITY_NAMES = {"n": "NOTHING", "d": "DEFAULT, no primary key", "i": "USING INDEX, "
+                   "index missing", "f": "FULL"}
 
 
 def drop_publication(conn: psycopg2.extensions.connection, name: str) -> None:
