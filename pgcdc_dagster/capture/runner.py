@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
@@ -13,11 +14,12 @@ from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
 from pgcdc_dagster.capture.snapshot import SnapshotReport, load_contexts, run_snapshot
 from pgcdc_dagster.capture.snapshot_modes import SNAPSHOT_MODES, normalise_mode
-from pgcdc_dagster.capture.stream import StreamReport, run_windows
+from pgcdc_dagster.capture.stream import StreamReport, run_windows, stale_tables
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import current_database
+from pgcdc_dagster.postgres.slot import ensure_publication, slot_info
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -65,6 +67,12 @@ def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot
     contexts = captured if only is None else [c for c in captured
                                               if c.relation.qualified in only]
     run = BronzeRun(contexts)
+    if settings.publication_autocreate == "filtered":
+        # Debezium's filtered mode: the publication holds exactly the captured tables; a
+        # table removed from the capture set leaves it (nothing decodes it for nothing).
+        with connection(settings.dsn) as conn:
+            ensure_publication(conn, settings.publication, [c.relation for c in captured],
+                               "filtered", prune=True)
     run.snapshot = run_snapshot(settings, spark, force=force_snapshot_step, contexts=captured,
                                 progress=progress)
     if run.snapshot.performed:
@@ -75,12 +83,35 @@ def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot
     if settings.snapshot_mode == "initial_only":
         run.notes.append("snapshot.mode = initial_only: no streaming")
         return run
+    resnapshot_returning_tables(settings, spark, captured, run, progress)
     with connection(settings.dsn) as conn:
         ident = SourceIdentity(settings.topic_prefix, current_database(conn))
     run.stream = run_windows(settings, contexts, ident)
     progress(f"stream: {len(run.stream.windows)} windows, {run.stream.start} -> "
              f"{run.stream.end}, slot lag {run.stream.slot_lag_bytes} bytes")
     return run
+
+
+def resnapshot_returning_tables(settings: CaptureSettings, spark: SparkSession,
+                                captured: list[TableContext], run: BronzeRun,
+                                progress: Callable[[str], None]) -> None:
+    """Snapshot again the tables that come back to the capture set after windows were read
+    without them: their old offset would resume the stream past the changes made meanwhile.
+    The new snapshot replaces their silver (rows deleted meanwhile leave it too)."""
+    with connection(settings.dsn) as conn:
+        info = slot_info(conn, settings.slot)
+    if info is None or info.confirmed_flush_lsn is None:
+        return
+    stale = stale_tables(settings, captured, info.confirmed_flush_lsn)
+    if not stale:
+        return
+    names = ", ".join(c.name for c in stale)
+    progress(f"{names}: back in the capture set after windows read without them; "
+             "snapshotting them again")
+    again = run_snapshot(dataclasses.replace(settings, snapshot_mode="always"), spark,
+                         force=True, contexts=stale, progress=progress)
+    run.notes.append(f"re-snapshot of {names} (re-added to the capture set): "
+                     f"{again.rows} rows at {again.consistent_point}")
 
 
 def run_silver(settings: CaptureSettings, spark: SparkSession,

@@ -193,6 +193,24 @@ def reusable_chunks(plan: TablePlan, chunks: Mapping[int, ChunkDone],
     return {i: c for i, c in chunks.items() if c.lsn >= stream_from}
 
 
+def missed_windows(log: Sequence[tuple[int, Collection[TableName]]], table: TableName,
+                   offset: int, confirmed: int) -> bool:
+    """True when windows after the table's offset were read without the table.
+
+    ``log`` holds the capture set as each run's windows began, ``(slot position, tables)``
+    in position order (recorded when it changed); a set is in force from its position to the
+    next one's, the last to ``confirmed`` (the slot's position now). A table left out of a
+    set in force past its offset lost the changes of those windows: its old offset cannot be
+    reused (it needs a new snapshot, which replaces silver).
+    """
+    ordered = sorted(log, key=lambda r: r[0])
+    for i, (position, tables) in enumerate(ordered):
+        until = ordered[i + 1][0] if i + 1 < len(ordered) else confirmed
+        if table not in tables and until > max(offset, position):
+            return True
+    return False
+
+
 def _lost(slot: str, state: str, mode: str) -> SlotLostError:
     return SlotLostError(
         f"replication slot {slot!r} {state}, but bronze holds offsets of an earlier capture: "

@@ -24,15 +24,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg2.extensions
+import pyarrow as pa
 
 from pgcdc_dagster.capture.bronze_write import BronzeWindowWriter, parse_skipped_operations
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.capture.snapshot_modes import missed_windows
 from pgcdc_dagster.capture.tables import TableContext, converters_for
 from pgcdc_dagster.cdc.changes import Relation, Window
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
+from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.lake.delta import append_arrow, committed_version, open_table
+from pgcdc_dagster.lake.paths import normalise_root
 from pgcdc_dagster.postgres.catalog import load_types
 from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.peek import peek_window
@@ -151,6 +156,77 @@ def _maybe_truncated(window: Window, cap: int) -> bool:
     return rows >= cap
 
 
+CAPTURE_SET_SCHEMA = pa.schema([
+    pa.field("position", pa.int64(), nullable=False),
+    pa.field("tables", pa.list_(pa.struct([pa.field("schema", pa.string()),
+                                           pa.field("table", pa.string())]))),
+    pa.field("recorded_ms", pa.int64()),
+])
+
+
+def capture_set_uri(lakehouse: str, slot: str) -> str:
+    """Where the capture-set log of a capture (slot) lives."""
+    return f"{normalise_root(lakehouse)}/_pgcdc/{slot}/capture_set"
+
+
+CaptureSetLog = list[tuple[int, frozenset[tuple[str, str]]]]
+
+
+def capture_set_log(settings: CaptureSettings) -> CaptureSetLog:
+    """The capture sets windows were read with: ``(slot position, tables)``, oldest first."""
+    table = open_table(capture_set_uri(settings.lakehouse, settings.slot))
+    if table is None:
+        return []
+    rows = sorted(table.to_pyarrow_table().to_pylist(),
+                  key=lambda r: (r["position"], r["recorded_ms"]))
+    return [(int(r["position"]), frozenset((t["schema"], t["table"]) for t in r["tables"]))
+            for r in rows]
+
+
+def record_capture_set(settings: CaptureSettings, position: Lsn,
+                       tables: Sequence[tuple[str, str]]) -> None:
+    """Log the tables the windows from ``position`` on are read for, when that set changed.
+
+    A table removed from the capture set keeps its bronze offset, but the windows read
+    while it was out dropped its changes; this log is how the next run knows (see
+    :func:`stale_tables`)."""
+    log = capture_set_log(settings)
+    current = frozenset(tables)
+    if log and log[-1][1] == current:
+        return
+    data = pa.table({
+        "position": [int(position)],
+        "tables": [[{"schema": s, "table": t} for s, t in sorted(current)]],
+        "recorded_ms": [max(int(time.time() * 1000), _last_ms(settings) + 1)],
+    }, schema=CAPTURE_SET_SCHEMA)
+    append_arrow(capture_set_uri(settings.lakehouse, settings.slot), data,
+                 app_id=f"{settings.app_prefix}:capture_set", version=int(position))
+
+
+def _last_ms(settings: CaptureSettings) -> int:
+    table = open_table(capture_set_uri(settings.lakehouse, settings.slot))
+    if table is None:
+        return 0
+    values = table.to_pyarrow_table().column("recorded_ms").to_pylist()
+    return max((v for v in values if v is not None), default=0)
+
+
+def stale_tables(settings: CaptureSettings, contexts: Sequence[TableContext],
+                 confirmed: Lsn) -> list[TableContext]:
+    """Tables whose bronze offset was passed by windows read without them (a table removed
+    from the capture set and added back): streaming them on would lose those changes."""
+    log = capture_set_log(settings)
+    if not log:
+        return []
+    out = []
+    for ctx in contexts:
+        offset = committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id)
+        if offset is not None and missed_windows(log, ctx.relation.qualified, offset,
+                                                 int(confirmed)):
+            out.append(ctx)
+    return out
+
+
 WindowHook = Callable[[Window, Lsn], None]
 """Called with each decoded window and its end before the window is written; it may add
 segments to the window (incremental-snapshot chunks) and write new WAL (watermarks)."""
@@ -168,8 +244,16 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
         assert info.confirmed_flush_lsn is not None
         if settings.publication_autocreate == "filtered":
             ensure_publication(conn, settings.publication, [c.relation for c in contexts])
-        heartbeat(conn, settings)
         position = info.confirmed_flush_lsn
+        stale = stale_tables(settings, contexts, position)
+        if stale:
+            raise ConfigurationError(
+                f"{', '.join(c.name for c in stale)}: windows were read while the table was "
+                "out of the capture set, so its changes of that time are not in bronze and "
+                "its offset cannot be reused. Run the micro-batch (bronze) job first: it "
+                "snapshots the table again and replaces its silver.")
+        record_capture_set(settings, position, [c.relation.qualified for c in contexts])
+        heartbeat(conn, settings)
         report.start = position
         cache = _ConverterCache(settings.dsn, settings)
         writer = BronzeWindowWriter(
