@@ -37,7 +37,7 @@ class CaptureSettings:
     window_max_bytes: int = 256 << 20
     """Largest WAL span one window reads (transactions are never split, so a transaction
     larger than this arrives whole in the window where it commits)."""
-    window_max_changes: int = 1_000_000
+    window_max_changes: int = 2_000_000
     """``upto_nchanges`` of a window (0: no cap). PostgreSQL checks it between records, so a
     window ends at its last whole transaction when the cap is reached."""
     window_portion_changes: int = 100_000
