@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from psycopg2 import sql
 
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, PgCdcError
-from pgcdc_dagster.postgres.connection import connect
+from pgcdc_dagster.postgres.connection import connect, connection
 
 CSV_BLOCK_BYTES = 1 << 20
 """Default parser block: about ``snapshot.fetch.size`` rows of a typical table."""
@@ -589,6 +590,26 @@ def temporary_exported_snapshot(dsn: str, slot: str) -> Iterator[ExportedPoint]:
         yield ExportedPoint(str(name), int(Lsn.parse(point)), str(snapshot))
     finally:
         conn.close()
+        _wait_slot_dropped(dsn, slot)
+
+
+def _wait_slot_dropped(dsn: str, slot: str, timeout_s: float = 10.0) -> None:
+    """Wait until the server has dropped the closed session's temporary slot.
+
+    The walsender drops it while exiting, a moment after the client closed the connection;
+    callers (and users looking at ``pg_replication_slots``) must not see it pinning WAL
+    after the snapshot is done. Best effort: a slow exit is left to the server.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        with connection(dsn) as check, check.cursor() as cur:
+            while time.monotonic() < deadline:
+                cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+                if cur.fetchone() is None:
+                    return
+                time.sleep(0.02)
+    except (psycopg2.Error, PgCdcError):  # never hide the error the block may be raising
+        return
 
 
 def create_plain_slot(conn: psycopg2.extensions.connection, slot: str) -> int:
