@@ -47,6 +47,13 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         default=2, description="money.fraction.digits: the scale of MONEY values.")
     window_max_bytes: int = Field(
         default=256 << 20, description="Largest WAL span (bytes) one micro-batch window reads.")
+    window_max_changes: int = Field(
+        default=2_000_000, description="upto_nchanges of a window: slot rows one micro-batch "
+        "window reads at most (PostgreSQL ends it with the transaction reaching it; 0: no cap).")
+    window_portion_changes: int = Field(
+        default=100_000, description="Changes of a window handed to the bronze writer at a "
+        "time while the window is still read (bounds memory for huge transactions; 0: whole "
+        "windows).")
     max_windows: int = Field(default=1000,
                              description="Windows one micro-batch run may read at most.")
     time_budget_seconds: float = Field(
@@ -148,6 +155,8 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             publication_autocreate=self.publication_autocreate_mode,
             topic_prefix=self.topic_prefix, modes=modes, snapshot_mode=self.snapshot_mode,
             window_max_bytes=self.window_max_bytes, max_windows=self.max_windows,
+            window_max_changes=self.window_max_changes,
+            window_portion_changes=self.window_portion_changes,
             time_budget_s=self.time_budget_seconds,
             snapshot_chunk_bytes=self.snapshot_chunk_bytes,
             snapshot_include=split_list(self.snapshot_include_collection_list),
