@@ -12,12 +12,10 @@ from pgcdc_dagster.capture.bronze_write import write_window
 from pgcdc_dagster.capture.silver_apply import apply_silver
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Column, Relation, TableChanges, Window
-from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
-from pgcdc_dagster.cdc.typeconv import PgType, TypeModes, converter_for
 from pgcdc_dagster.lake.delta import ensure_table
-from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import live_rows
+from tests.support.segments import IDENT, SegmentBuilder, text_context
 
 pytestmark = pytest.mark.spark
 
@@ -27,45 +25,21 @@ def engine(request) -> int:
     """Silver batches prepared in Arrow on the driver, or by Spark: same results."""
     return 10**9 if request.param == "arrow" else 0
 
-INT4 = PgType(23, "pg_catalog", "int4", "b", "N")
-TEXT = PgType(25, "pg_catalog", "text", "b", "S")
+
 REL = Relation(16400, "public", "docs", "d", (
     Column("id", 23, -1, True), Column("title", 25, -1, False), Column("body", 25, -1, False)))
-IDENT = SourceIdentity("test", "db")
 
 
 def _ctx(lakehouse) -> TableContext:
-    modes = TypeModes()
-    convs = (converter_for("id", INT4, -1, modes, nullable=False),
-             converter_for("title", TEXT, -1, modes),
-             converter_for("body", TEXT, -1, modes))
-    return TableContext(REL, convs, table_uri(str(lakehouse), "bronze", "public", "docs"),
-                        table_uri(str(lakehouse), "silver", "public", "docs"),
-                        "t:bronze", "t:silver")
+    return text_context(lakehouse, REL, not_null=("id",))
 
 
-class Seg:
-    """Builds a TableChanges segment; each call is one event in its own transaction."""
+class Seg(SegmentBuilder):
+    """Builds a TableChanges segment of ``docs``; each call is one event in its own
+    transaction."""
 
     def __init__(self) -> None:
-        self.seg = TableChanges(REL)
-        self.lsn = 1000
-
-    def add(self, op, before=None, after=None, key_only=False):
-        self.lsn += 10
-        s = self.seg
-        s.op.append(op)
-        s.commit_lsn.append(self.lsn)
-        s.lsn.append(self.lsn - 5)
-        s.xid.append(self.lsn)
-        s.commit_ts_us.append(1_700_000_000_000_000 + self.lsn)
-        s.total_order.append(1)
-        s.collection_order.append(1)
-        s.before.append(before)
-        s.before_key_only.append(key_only)
-        s.after.append(after)
-        s.truncate_options.append(0)
-        return self
+        super().__init__(REL)
 
 
 def _write(lakehouse, seg: TableChanges, upto: int) -> None:

@@ -13,23 +13,18 @@ from deltalake import DeltaTable
 from pgcdc_dagster.capture.bronze_write import write_window
 from pgcdc_dagster.capture.silver_apply import apply_silver
 from pgcdc_dagster.capture.tables import TableContext
-from pgcdc_dagster.cdc.changes import Column, Relation, TableChanges, Window
-from pgcdc_dagster.cdc.envelope import SourceIdentity
+from pgcdc_dagster.cdc.changes import Column, Relation, Window
 from pgcdc_dagster.cdc.lsn import Lsn
-from pgcdc_dagster.cdc.typeconv import PgType, TypeModes, converter_for
 from pgcdc_dagster.lake.delta import ensure_table
-from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import live_rows
+from tests.support.segments import IDENT, SegmentBuilder, text_context
 
 pytestmark = pytest.mark.spark
 
-INT4 = PgType(23, "pg_catalog", "int4", "b", "N")
-TEXT = PgType(25, "pg_catalog", "text", "b", "S")
 PAIR = Relation(16410, "public", "pair", "f", (
     Column("a", 23, -1, True), Column("b", 25, -1, True), Column("n", 23, -1, False)))
 SINGLE = Relation(16411, "public", "single", "f", (
     Column("k", 23, -1, True), Column("n", 23, -1, False)))
-IDENT = SourceIdentity("test", "db")
 
 
 @pytest.fixture(params=["arrow", "spark"])
@@ -39,40 +34,18 @@ def engine(request) -> int:
 
 
 def _ctx(lakehouse, rel: Relation, app: str = "t:silver") -> TableContext:
-    modes = TypeModes()
-    types = {23: INT4, 25: TEXT}
-    convs = tuple(converter_for(c.name, types[c.type_oid], -1, modes) for c in rel.columns)
-    return TableContext(rel, convs, table_uri(str(lakehouse), "bronze", "public", rel.name),
-                        table_uri(str(lakehouse), "silver", "public", rel.name),
-                        "t:bronze", app)
+    return text_context(lakehouse, rel, app=app)
 
 
 def _b(v: object) -> bytes | None:
     return None if v is None else str(v).encode()
 
 
-class Seg:
+class Seg(SegmentBuilder):
     """A TableChanges segment; each event in its own transaction (REPLICA IDENTITY FULL)."""
 
     def __init__(self, rel: Relation, lsn: int) -> None:
-        self.seg = TableChanges(rel)
-        self.lsn = lsn
-
-    def add(self, op: str, before: tuple | None = None, after: tuple | None = None) -> Seg:
-        self.lsn += 10
-        s = self.seg
-        s.op.append(op)
-        s.commit_lsn.append(self.lsn)
-        s.lsn.append(self.lsn - 5)
-        s.xid.append(self.lsn)
-        s.commit_ts_us.append(1_700_000_000_000_000 + self.lsn)
-        s.total_order.append(1)
-        s.collection_order.append(1)
-        s.before.append(None if before is None else tuple(_b(v) for v in before))
-        s.before_key_only.append(False)
-        s.after.append(None if after is None else tuple(_b(v) for v in after))
-        s.truncate_options.append(0)
-        return self
+        super().__init__(rel, lsn, encode=lambda row: tuple(_b(v) for v in row))
 
 
 def _write(lakehouse, rel: Relation, seg: Seg, upto: int) -> None:

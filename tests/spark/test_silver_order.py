@@ -21,20 +21,15 @@ from pgcdc_dagster.capture.bronze_write import write_window
 from pgcdc_dagster.capture.silver_apply import apply_silver
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.changes import Column, Relation, TableChanges, Window
-from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
-from pgcdc_dagster.cdc.typeconv import PgType, TypeModes, converter_for
 from pgcdc_dagster.lake.delta import ensure_table
-from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import live_rows
+from tests.support.segments import IDENT, text_context
 
 pytestmark = pytest.mark.spark
 
-INT4 = PgType(23, "pg_catalog", "int4", "b", "N")
-TEXT = PgType(25, "pg_catalog", "text", "b", "S")
 REL = Relation(16500, "public", "ordered", "d", (
     Column("id", 23, -1, True), Column("title", 25, -1, False), Column("body", 25, -1, False)))
-IDENT = SourceIdentity("test", "db")
 
 
 @pytest.fixture(params=["arrow", "spark"])
@@ -44,13 +39,7 @@ def engine(request) -> int:
 
 
 def _ctx(lakehouse) -> TableContext:
-    modes = TypeModes()
-    convs = (converter_for("id", INT4, -1, modes, nullable=False),
-             converter_for("title", TEXT, -1, modes),
-             converter_for("body", TEXT, -1, modes))
-    return TableContext(REL, convs, table_uri(str(lakehouse), "bronze", "public", "ordered"),
-                        table_uri(str(lakehouse), "silver", "public", "ordered"),
-                        "t:bronze", "t:silver")
+    return text_context(lakehouse, REL, not_null=("id",))
 
 
 @dataclass(frozen=True)
