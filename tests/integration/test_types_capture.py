@@ -27,7 +27,6 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-import psycopg2
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -39,6 +38,7 @@ from pgcdc_dagster.cdc.typeconv import TypeModes
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import live_rows
 from tests.integration.test_types_support import copy_texts
+from tests.support.extensions import require_extensions
 from tests.support.pg_expect import (
     days,
     delta_rows,
@@ -55,8 +55,6 @@ from tests.support.pg_expect import (
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 SETUP = """
-CREATE EXTENSION IF NOT EXISTS hstore; CREATE EXTENSION IF NOT EXISTS citext;
-CREATE EXTENSION IF NOT EXISTS ltree;
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
 CREATE DOMAIN price AS numeric(8,3) CHECK (VALUE >= 0);
 CREATE DOMAIN code AS varchar(6);
@@ -261,10 +259,8 @@ def test_every_type_by_snapshot_and_stream(pg_dsn, pg_conn, spark, lakehouse, mo
     naming it is logged."""
     modes = MODES[mode]
     caplog.set_level(logging.WARNING)
-    try:
-        _create(pg_conn)
-    except psycopg2.Error as exc:  # pragma: no cover - the extensions ship with postgresql-15
-        pytest.skip(f"an extension is missing: {exc.pgerror or exc}")
+    require_extensions(pg_conn, "hstore", "citext", "ltree")
+    _create(pg_conn)
     settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), include=("public\\.w",),
                                slot="types", publication="types", modes=modes)
     texts = {name: pa.array(copy_texts(pg_conn, f"SELECT {name} FROM w ORDER BY id"),

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
-import psycopg2
 import pytest
 
 from pgcdc_dagster.cdc.typeconv import TypeModes
 from tests.integration.test_types_support import make_case
+from tests.support.extensions import require_extensions
 
 pytestmark = pytest.mark.integration
 
@@ -167,11 +167,7 @@ def test_ltree_citext(pg_conn):
 
 
 def _postgis(conn) -> None:
-    try:
-        with conn.cursor() as cur:
-            cur.execute("CREATE EXTENSION IF NOT EXISTS postgis")
-    except psycopg2.Error as exc:  # pragma: no cover - .ci/run installs postgresql-15-postgis-3
-        pytest.skip(f"PostGIS is not installed on this server ({exc.pgerror or exc})")
+    require_extensions(conn, "postgis")
 
 
 @pytest.mark.parametrize("ddl", ["geometry", "geometry(Point,4326)", "geography"])

@@ -17,6 +17,7 @@ import pytest
 
 from pgcdc_dagster.cdc.typeconv import TypeModes
 from tests.support.capture_both import STREAM_OFFSET, capture_both
+from tests.support.extensions import require_extensions
 from tests.support.pg_expect import delta_rows, spark_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -35,11 +36,7 @@ COLUMNS = {"g": "geometry", "gp": "geometry(Point,4326)", "gg": "geography"}
 
 
 def _create(conn) -> None:
-    try:
-        with conn.cursor() as cur:
-            cur.execute("CREATE EXTENSION IF NOT EXISTS postgis")
-    except psycopg2.Error as exc:  # pragma: no cover - .ci/run installs postgresql-15-postgis-3
-        pytest.skip(f"CREATE EXTENSION postgis failed: {exc.pgerror or exc}")
+    require_extensions(conn, "postgis")
     with conn.cursor() as cur:
         cols = ", ".join(f"{n} {ddl}" for n, ddl in COLUMNS.items())
         cur.execute(f"CREATE TABLE geo (id int PRIMARY KEY, {cols}, ga geometry[])")
