@@ -10,7 +10,6 @@ Both servers start with ``env --default-signal=INT`` and stop by their own PID w
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.settings import MonitorSettings
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
-from tests.dagster.test_webserver import DAGSTER_YAML, ROOT, Server
+from tests.dagster.test_webserver import ROOT, Server, dagster_env
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
@@ -88,17 +87,8 @@ class Daemon:
 
 @pytest.fixture
 def home_env(pg_dsn, lakehouse, tmp_path) -> Iterator[dict[str, str]]:
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(DAGSTER_YAML)
-    env = dict(os.environ)
-    env.update({
-        "DAGSTER_HOME": str(home), "PGCDC_PG_DSN": pg_dsn, "PGCDC_LAKEHOUSE": str(lakehouse),
-        "PGCDC_TABLES": r"public\.(items|notes|tags)", "PGCDC_SLOT": SLOT,
-        "PGCDC_PUBLICATION": SLOT, "PGCDC_INCREMENTAL_CHUNK_SIZE": "32",
-        "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-    })
-    yield env
+    yield dagster_env(pg_dsn, lakehouse, tmp_path, SLOT, tables=r"public\.(items|notes|tags)",
+                      incremental_chunk_size="32")
 
 
 def test_backfill_over_three_tables_runs_once(home_env, pg_dsn, pg_conn, spark, lakehouse,

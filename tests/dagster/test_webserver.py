@@ -125,18 +125,26 @@ class Server:
         self.log.close()
 
 
-@pytest.fixture
-def server_env(pg_dsn, lakehouse, tmp_path) -> dict[str, str]:
+def dagster_env(pg_dsn: str, lakehouse: Path, tmp_path: Path, slot: str,
+                **pgcdc: str) -> dict[str, str]:
+    """The environment of a Dagster server process: a DAGSTER_HOME of its own (telemetry
+    off), the documented PGCDC_* variables (``tables=...`` -> ``PGCDC_TABLES``) and Spark's."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(DAGSTER_YAML)
     env = dict(os.environ)
     env.update({
         "DAGSTER_HOME": str(home), "PGCDC_PG_DSN": pg_dsn, "PGCDC_LAKEHOUSE": str(lakehouse),
-        "PGCDC_TABLES": "public\\..*", "PGCDC_SLOT": SLOT, "PGCDC_PUBLICATION": SLOT,
+        "PGCDC_SLOT": slot, "PGCDC_PUBLICATION": slot,
         "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
     })
+    env.update({f"PGCDC_{name.upper()}": value for name, value in pgcdc.items()})
     return env
+
+
+@pytest.fixture
+def server_env(pg_dsn, lakehouse, tmp_path) -> dict[str, str]:
+    return dagster_env(pg_dsn, lakehouse, tmp_path, SLOT, tables="public\\..*")
 
 
 @pytest.fixture
