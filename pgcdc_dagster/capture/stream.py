@@ -184,13 +184,14 @@ def capture_set_log(settings: CaptureSettings) -> CaptureSetLog:
 
 
 def record_capture_set(settings: CaptureSettings, position: Lsn,
-                       tables: Sequence[tuple[str, str]]) -> None:
+                       tables: Sequence[tuple[str, str]],
+                       log: CaptureSetLog | None = None) -> None:
     """Log the tables the windows from ``position`` on are read for, when that set changed.
 
     A table removed from the capture set keeps its bronze offset, but the windows read
     while it was out dropped its changes; this log is how the next run knows (see
-    :func:`stale_tables`)."""
-    log = capture_set_log(settings)
+    :func:`stale_tables`). ``log``: the log already read by the caller."""
+    log = capture_set_log(settings) if log is None else log
     current = frozenset(tables)
     if log and log[-1][1] == current:
         return
@@ -212,10 +213,11 @@ def _last_ms(settings: CaptureSettings) -> int:
 
 
 def stale_tables(settings: CaptureSettings, contexts: Sequence[TableContext],
-                 confirmed: Lsn) -> list[TableContext]:
+                 confirmed: Lsn, log: CaptureSetLog | None = None) -> list[TableContext]:
     """Tables whose bronze offset was passed by windows read without them (a table removed
-    from the capture set and added back): streaming them on would lose those changes."""
-    log = capture_set_log(settings)
+    from the capture set and added back): streaming them on would lose those changes.
+    ``log``: the log already read by the caller."""
+    log = capture_set_log(settings) if log is None else log
     if not log:
         return []
     out = []
@@ -245,14 +247,15 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
         if settings.publication_autocreate == "filtered":
             ensure_publication(conn, settings.publication, [c.relation for c in contexts])
         position = info.confirmed_flush_lsn
-        stale = stale_tables(settings, contexts, position)
+        log = capture_set_log(settings)  # read once per run
+        stale = stale_tables(settings, contexts, position, log)
         if stale:
             raise ConfigurationError(
                 f"{', '.join(c.name for c in stale)}: windows were read while the table was "
                 "out of the capture set, so its changes of that time are not in bronze and "
                 "its offset cannot be reused. Run the micro-batch (bronze) job first: it "
                 "snapshots the table again and replaces its silver.")
-        record_capture_set(settings, position, [c.relation.qualified for c in contexts])
+        record_capture_set(settings, position, [c.relation.qualified for c in contexts], log)
         heartbeat(conn, settings)
         report.start = position
         cache = _ConverterCache(settings.dsn, settings)
