@@ -4,8 +4,8 @@ Silver holds the source columns in native types plus ``__op``, ``__lsn`` (Debezi
 ``source.lsn``), ``__commit_lsn`` and ``__ordinal`` (the sequence: greatest wins),
 ``__source_ts_ms`` and ``__deleted``. A delete leaves a tombstone row (``__deleted = true``,
 the key and whatever the old image held) so that a replayed older event cannot resurrect the
-key; tombstones older than the retention are purged. Read live rows with
-``WHERE NOT __deleted``.
+key; tombstones older than the retention are purged by the silver_maintenance job
+(``lake/tombstones.py``). Read live rows with ``WHERE NOT __deleted``.
 """
 
 from __future__ import annotations
