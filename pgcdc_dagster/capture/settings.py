@@ -64,6 +64,9 @@ class CaptureSettings:
     snapshot_fetch_size: int = 10240
     """``snapshot.fetch.size``: rows per read; sizes the COPY parser's block (this many rows
     of the table's average width), so it bounds each reader's memory."""
+    snapshot_binary: bool = True
+    """Read snapshot chunks with binary COPY (numbers, booleans, TIMESTAMPTZ, DATE and text
+    types in their binary format, other columns as their text output); False: text COPY."""
     snapshot_max_threads: int = 0
     """``snapshot.max.threads``: chunks read at once; 0 = Spark's default parallelism."""
     skipped_operations: str = "none"

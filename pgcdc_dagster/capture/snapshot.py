@@ -465,7 +465,8 @@ class _SnapshotRun:
                     ctx.silver_uri, self.ident, point.lsn, now_ms,
                     first_marker=first if chunk.index == 0 else None,
                     last_marker=last if chunk.index == final else None,
-                    block_size=fetch, file_prefix=f"snap{state.snapshot_id}"))
+                    block_size=fetch, file_prefix=f"snap{state.snapshot_id}",
+                    binary=self.settings.snapshot_binary))
         return tasks
 
     # --- committing ---------------------------------------------------------------------

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pgcdc_dagster.capture.snapshot_fastpath import fast_convert
 from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.envelope import CONNECTOR_VERSION, SourceIdentity, relaxed
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
@@ -164,31 +163,33 @@ class ChunkConverter:
     def _low_cardinality(self, prefix: str) -> list[str]:
         return [prefix + name for name in (self._dictionary or [])]
 
-    def plan_dictionary(self, text: pa.Table) -> None:
-        """Choose the dictionary-encoded data columns from the first row group's text."""
+    def plan_dictionary(self, columns: Sequence[pa.Array | pa.ChunkedArray]) -> None:
+        """Choose the dictionary-encoded data columns from the first row group's values
+        (text or converted, one per converter: distinct counts are the same)."""
         if self._dictionary is not None:
             return
         import pyarrow.compute as pc
 
-        n = max(text.num_rows, 1)
-        sample = text.slice(0, min(n, 20_000))
-        m = max(sample.num_rows, 1)
-        self._dictionary = [
-            conv.bronze_field.name for conv, col in zip(self.converters, sample.columns,
-                                                        strict=True)
-            if pc.count_distinct(col, mode="all").as_py() <= max(1, int(m * LOW_CARDINALITY))
-        ]
+        self._dictionary = []
+        for conv, col in zip(self.converters, columns, strict=True):
+            sample = col.slice(0, min(len(col), 20_000))
+            limit = max(1, int(max(len(sample), 1) * LOW_CARDINALITY))
+            try:
+                distinct = pc.count_distinct(sample, mode="all").as_py()
+            except pa.ArrowNotImplementedError:  # nested values: no dictionary
+                continue
+            if distinct <= limit:
+                self._dictionary.append(conv.bronze_field.name)
 
     # Conversion ------------------------------------------------------------------------
 
-    def convert(self, text: pa.Table, *, first_marker: str | None = None,
-                last_marker: str | None = None) -> tuple[pa.Table, pa.Table]:
-        """Bronze and silver tables for the rows of ``text`` (columns in relation order)."""
-        n = text.num_rows
+    def assemble(self, pairs: Sequence[tuple[pa.Array, pa.Array]], n: int, *,
+                 first_marker: str | None = None,
+                 last_marker: str | None = None) -> tuple[pa.Table, pa.Table]:
+        """Bronze and silver tables from each column's converted ``(bronze, silver)``."""
         bronze_cols: list[pa.Array] = []
         silver_cols: list[pa.Array] = []
-        for i, conv in enumerate(self.converters):
-            b, s = fast_convert(conv, text.column(i).combine_chunks())
+        for i, (b, s) in enumerate(pairs):
             if b.type != self._relaxed[i]:
                 b = b.cast(self._relaxed[i])
             bronze_cols.append(b)

@@ -15,24 +15,29 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg2
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from psycopg2 import sql
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
 from pgcdc_dagster import exceptions
+from pgcdc_dagster.capture.snapshot_binary import binary_select, convert_column, native_kind
 from pgcdc_dagster.capture.snapshot_convert import ChunkConverter
+from pgcdc_dagster.capture.snapshot_fastpath import fast_convert
 from pgcdc_dagster.cdc.changes import Relation
+from pgcdc_dagster.cdc.copy_columns import split_fields
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.delta import stats_json
 from pgcdc_dagster.postgres import snapshot_read
+from pgcdc_dagster.postgres.binary_read import read_binary_rows
 from pgcdc_dagster.postgres.snapshot_read import Chunk, KeyColumn, chunk_query, read_text_batches
 
 if TYPE_CHECKING:
@@ -68,6 +73,8 @@ class ChunkTask:
     block_size: int = snapshot_read.CSV_BLOCK_BYTES
     row_group_bytes: int = ROW_GROUP_BYTES
     file_prefix: str = "snap"
+    binary: bool = True
+    """Read with binary COPY (``snapshot_binary``); False: text COPY."""
 
     def __repr__(self) -> str:  # never print the DSN
         return f"ChunkTask({self.chunk})"
@@ -194,34 +201,16 @@ def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
                      lambda: conv.silver_options)
     columns = [c.name for c in task.relation.columns]
     query = chunk_query(task.chunk, columns, task.key, task.override)
-    pending: list[pa.RecordBatch] = []
-    pending_bytes = 0
-    first = True
-
-    def flush(last: bool) -> None:
-        nonlocal pending, pending_bytes, first
-        if not pending:
-            return
-        text = pa.Table.from_batches(pending).combine_chunks()
-        pending, pending_bytes = [], 0
-        conv.plan_dictionary(text)
-        b, s = conv.convert(text, first_marker=task.first_marker if first else None,
-                            last_marker=task.last_marker if last else None)
-        first = False
-        bronze.write(b)
-        silver.write(s)
-
+    groups = _binary_groups(task, conv, query, columns) if task.binary else \
+        _text_groups(task, conv, query, columns)
     try:
-        for batch in read_text_batches(task.dsn, task.snapshot_name, query, columns,
-                                       block_size=task.block_size, label=str(task.chunk),
-                                       escaped=_escaped(task.converters)):
-            if batch.num_rows == 0:
-                continue
-            if pending_bytes + batch.nbytes > task.row_group_bytes and pending:
-                flush(last=False)
-            pending.append(batch)
-            pending_bytes += batch.nbytes
-        flush(last=True)
+        first = True
+        for (pairs, n), last in _with_last(groups):
+            b, s = conv.assemble(pairs, n, first_marker=task.first_marker if first else None,
+                                 last_marker=task.last_marker if last else None)
+            first = False
+            bronze.write(b)
+            silver.write(s)
         b_file, s_file = bronze.close(), silver.close()
     except BaseException:
         bronze.abort()
@@ -229,6 +218,66 @@ def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
         raise
     rows = b_file.num_records if b_file is not None else 0
     return ChunkResult(task.chunk, task.lsn, rows, b_file, s_file, time.monotonic() - started)
+
+
+Converted = tuple[list[tuple[pa.Array, pa.Array]], int]
+"""One row group: each column's ``(bronze, silver)`` values, and the row count."""
+_T = TypeVar("_T")
+
+
+def _with_last(items: Iterator[_T]) -> Iterator[tuple[_T, bool]]:
+    """The items, each with whether it is the last one (one item read ahead)."""
+    it = iter(items)
+    try:
+        held = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield held, False
+        held = item
+    yield held, True
+
+
+def _text_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
+                 columns: list[str]) -> Iterator[Converted]:
+    """Row groups read with text COPY (CSV parsing), about ``row_group_bytes`` each."""
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+
+    def group() -> Converted:
+        text = pa.Table.from_batches(pending).combine_chunks()
+        conv.plan_dictionary(text.columns)
+        return [fast_convert(c, text.column(i).combine_chunks())
+                for i, c in enumerate(task.converters)], text.num_rows
+
+    for batch in read_text_batches(task.dsn, task.snapshot_name, query, columns,
+                                   block_size=task.block_size, label=str(task.chunk),
+                                   escaped=_escaped(task.converters)):
+        if batch.num_rows == 0:
+            continue
+        if pending_bytes + batch.nbytes > task.row_group_bytes and pending:
+            yield group()
+            pending, pending_bytes = [], 0
+        pending.append(batch)
+        pending_bytes += batch.nbytes
+    if pending:
+        yield group()
+
+
+def _binary_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
+                   columns: list[str]) -> Iterator[Converted]:
+    """Row groups read with binary COPY, decoded column-wise (``snapshot_binary``)."""
+    kinds = [native_kind(c) for c in task.converters]
+    select = binary_select(query, columns, task.converters)
+    label = str(task.chunk)
+    for rows in read_binary_rows(task.dsn, task.snapshot_name, select,
+                                 batch_bytes=task.row_group_bytes, label=label):
+        batch = split_fields(rows, len(columns), label=label)
+        del rows
+        pairs = [convert_column(c, k, batch, i)
+                 for i, (c, k) in enumerate(zip(task.converters, kinds, strict=True))]
+        conv.plan_dictionary([b for b, _ in pairs])
+        yield pairs, batch.num_rows
 
 
 def _warm(_index: int) -> int:

@@ -1,0 +1,388 @@
+"""Snapshot chunks in binary COPY: which columns travel natively, and their conversion.
+
+``COPY ... (FORMAT binary)`` costs PostgreSQL less than text for numbers and timestamps
+(no formatting) and spares us CSV parsing and text-to-number casts. A column travels in
+its binary send format when we decode that format exactly (:data:`NATIVE`, by the type's
+built-in OID, never a domain): integers, floats, booleans, TIMESTAMPTZ, DATE, and the
+types whose binary format *is* their text output (text, varchar, bpchar, json; jsonb after
+its version byte). Every other column is selected as its text output
+(``concat(col)``, which calls the type's output function like COPY's text format, under
+the same pinned session settings; NULL stays NULL), so every converter sees what it sees
+in text mode.
+
+:func:`convert_column` returns exactly ``fast_convert(conv, text)`` for the text
+PostgreSQL would have printed; a native value outside the vectorised domain (a
+TIMESTAMPTZ or DATE that is infinite, BC or beyond year 9999) makes the batch's column
+take the text path, its PostgreSQL text rebuilt from the binary value
+(:func:`pg_date_text`, :func:`pg_timestamptz_text`).
+``tests/integration/test_snapshot_binary.py`` checks both paths agree on real output.
+"""
+
+from __future__ import annotations
+
+import decimal
+import struct
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg2 import sql
+
+from pgcdc_dagster.capture.snapshot_fastpath import fast_convert
+from pgcdc_dagster.cdc import copy_columns as cc
+from pgcdc_dagster.cdc.copy_columns import BinaryRows
+from pgcdc_dagster.cdc.typeconv import ColumnConverter
+from pgcdc_dagster.cdc.typeconv import calendar as cal
+from pgcdc_dagster.cdc.typeconv.decimal_codec import decimal_array_to_bytes
+from pgcdc_dagster.cdc.typeconv.fixed_text import fixed_strings
+from pgcdc_dagster.cdc.typeconv.numeric import NumericConverter
+from pgcdc_dagster.cdc.typeconv.scalars import BooleanConverter, FloatConverter, IntegerConverter
+from pgcdc_dagster.cdc.typeconv.temporal import DateConverter, TimestampTzConverter
+from pgcdc_dagster.exceptions import DecodeError
+
+EPOCH_2000_DAYS = 10_957
+"""PostgreSQL's date epoch (2000-01-01) in Unix epoch days."""
+EPOCH_2000_MICROS = EPOCH_2000_DAYS * cal.MICROS_PER_DAY
+MIN_DAYS = cal.days_from_civil(1, 1, 1)
+MAX_DAYS = cal.days_from_civil(9999, 12, 31)
+MIN_MICROS = MIN_DAYS * cal.MICROS_PER_DAY
+MAX_MICROS = (MAX_DAYS + 1) * cal.MICROS_PER_DAY - 1
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+NATIVE: dict[int, str] = {
+    16: "bool", 21: "int2", 23: "int4", 20: "int8", 700: "float4", 701: "float8",
+    25: "text", 1043: "text", 1042: "text", 114: "text", 3802: "jsonb",
+    1184: "timestamptz", 1082: "date", 1700: "numeric",
+}
+"""Built-in type OIDs read in their binary format, and how."""
+
+_NUMBER_DTYPE = {"int2": ">i2", "int4": ">i4", "int8": ">i8", "float4": ">f4", "float8": ">f8"}
+_CONVERTER: dict[str, type] = {
+    "bool": BooleanConverter, "int2": IntegerConverter, "int4": IntegerConverter,
+    "int8": IntegerConverter, "float4": FloatConverter, "float8": FloatConverter,
+    "timestamptz": TimestampTzConverter, "date": DateConverter, "numeric": NumericConverter,
+}
+"""Kinds decoded to values: only for exactly these converters (a column mapper subclass
+works on text)."""
+
+Converted = tuple[pa.Array, pa.Array]
+
+
+def native_kind(conv: ColumnConverter) -> str | None:
+    """How the column travels natively, or None for its text output."""
+    pgtype = getattr(conv, "pgtype", None)
+    kind = NATIVE.get(getattr(pgtype, "oid", -1))
+    if kind is None:
+        return None
+    expected = _CONVERTER.get(kind)
+    if expected is not None and type(conv) is not expected:
+        return None
+    if kind == "numeric" and _numeric_scale(conv) is None:
+        return None
+    return kind
+
+
+NUMERIC_MAX_DIGITS = 18
+"""NUMERIC(p,s) decoded natively up to this precision (the unscaled value fits an int64)."""
+
+
+def _numeric_scale(conv: ColumnConverter) -> int | None:
+    """The scale of a NUMERIC(p,s) column decoded natively (precise mode, p <= 18), or None
+    (other modes, no typmod, negative scale: text output)."""
+    if not isinstance(conv, NumericConverter) or conv.mode != "precise" or conv.ps is None:
+        return None
+    precision, scale = conv.ps
+    if scale < 0 or precision > NUMERIC_MAX_DIGITS or \
+            conv.silver_field.type != pa.decimal128(precision, scale):
+        return None
+    return scale
+
+
+def binary_select(query: sql.Composable, columns: Sequence[str],
+                  converters: Sequence[ColumnConverter]) -> sql.Composable:
+    """The chunk query with its non-native columns turned into their text output."""
+    kinds = [native_kind(c) for c in converters]
+    if all(k is not None for k in kinds):
+        return query
+    items = [sql.Identifier(name) if kind is not None else
+             sql.SQL("CASE WHEN num_nulls({c}) = 0 THEN concat({c}) END").format(
+                 c=sql.Identifier(name))
+             for name, kind in zip(columns, kinds, strict=True)]
+    return sql.SQL("SELECT {} FROM ({}) AS _pgcdc_chunk").format(sql.SQL(", ").join(items),
+                                                                 query)
+
+
+# --- PostgreSQL text of the values the vectorised paths leave out -------------------------
+
+def _civil_text(days: int) -> tuple[str, str]:
+    """``YYYY-MM-DD`` of the day and its era suffix (`` BC``), as PostgreSQL prints it."""
+    year, month, day = cal.civil_from_days(days)
+    if year <= 0:
+        return f"{1 - year:04d}-{month:02d}-{day:02d}", " BC"
+    return f"{year:04d}-{month:02d}-{day:02d}", ""
+
+
+def pg_date_text(days_2000: int) -> str:
+    """PostgreSQL's ISO output of a DATE given as its binary value."""
+    if days_2000 == _INT32_MAX:
+        return "infinity"
+    if days_2000 == _INT32_MIN:
+        return "-infinity"
+    date, era = _civil_text(days_2000 + EPOCH_2000_DAYS)
+    return date + era
+
+
+def pg_timestamptz_text(micros_2000: int) -> str:
+    """PostgreSQL's ISO output, in UTC, of a TIMESTAMPTZ given as its binary value."""
+    if micros_2000 == _INT64_MAX:
+        return "infinity"
+    if micros_2000 == _INT64_MIN:
+        return "-infinity"
+    days, micros = divmod(micros_2000 + EPOCH_2000_MICROS, cal.MICROS_PER_DAY)
+    date, era = _civil_text(days)
+    seconds, fraction = divmod(micros, 1_000_000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    text = f"{date} {hour:02d}:{minute:02d}:{second:02d}"
+    if fraction:
+        text += f".{fraction:06d}".rstrip("0")
+    return f"{text}+00{era}"
+
+
+_NUMERIC_SPECIAL = {0xC000: "NaN", 0xD000: "Infinity", 0xF000: "-Infinity"}
+
+
+def pg_numeric_text(value: bytes) -> str:
+    """PostgreSQL's output of a NUMERIC given as its binary value."""
+    ndigits, weight, sign, dscale = struct.unpack_from(">hhHh", value)
+    if sign in _NUMERIC_SPECIAL:
+        return _NUMERIC_SPECIAL[sign]
+    digits = struct.unpack_from(f">{ndigits}h", value, 8)
+    unscaled = 0
+    for d in digits:
+        unscaled = unscaled * 10_000 + d
+    exponent = 4 * (weight - ndigits + 1)
+    number = decimal.Decimal((1 if sign == 0x4000 else 0,
+                              tuple(int(c) for c in str(unscaled)), exponent))
+    return f"{number:.{dscale}f}"
+
+
+def _text_of(values: npt.NDArray[np.int64], null: npt.NDArray[np.bool_],
+             fmt: Callable[[int], str]) -> pa.StringArray:
+    out = pa.array([None if n else fmt(int(v)) for v, n in zip(values, null, strict=True)],
+                   pa.string())
+    assert isinstance(out, pa.StringArray)
+    return out
+
+
+# --- vectorised conversions -------------------------------------------------------------
+
+def _arrow(values: npt.NDArray[np.generic], null: npt.NDArray[np.bool_],
+           typ: pa.DataType) -> pa.Array:
+    return pa.array(values, typ, mask=null if null.any() else None)
+
+
+def _finish(conv: ColumnConverter, bronze: pa.Array, silver: pa.Array | None) -> Converted:
+    """Debezium's fallback for a NULL in a NOT NULL column (then silver from bronze)."""
+    if not conv.bronze_field.nullable and bronze.null_count:
+        bronze = pc.fill_null(bronze, conv.bronze_fallback())
+        silver = None
+    if silver is None:
+        silver = conv.from_bronze(bronze)
+    return bronze, silver
+
+
+def _civil_rows(days: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
+    """``YYYY-MM-DD`` rows of epoch days within years 1-9999 (H. Hinnant's algorithm)."""
+    z = days + 719_468
+    era = np.floor_divide(z, 146_097)
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = np.where(mp < 10, mp + 3, mp - 9)
+    year = yoe + era * 400 + (month <= 2)
+    out = np.empty((len(days), 10), dtype=np.uint8)
+    for col, value, width in ((0, year, 4), (5, month, 2), (8, day, 2)):
+        for i in range(width - 1, -1, -1):
+            out[:, col + i] = 48 + value % 10
+            value = value // 10
+    out[:, 4] = out[:, 7] = ord("-")
+    return out
+
+
+def _clock_table() -> npt.NDArray[np.uint8]:
+    """``HH:MM:SS`` of every second of a day."""
+    second = np.arange(86_400)
+    digits = [second // 36_000, second // 3600 % 10, None, second // 600 % 6,
+              second // 60 % 10, None, second % 60 // 10, second % 10]
+    out = np.empty((86_400, 8), dtype=np.uint8)
+    for i, d in enumerate(digits):
+        out[:, i] = ord(":") if d is None else 48 + d
+    return out
+
+
+_CLOCK = _clock_table()
+_THOUSANDS = np.array([[48 + i // 100, 48 + i // 10 % 10, 48 + i % 10] for i in range(1000)],
+                      dtype=np.uint8)
+_DAY_TABLE_SPAN = 1 << 20
+"""Batches whose days span at most this many format each day once, then gather."""
+
+
+def _zoned_strings(micros: npt.NDArray[np.int64], null: npt.NDArray[np.bool_],
+                   width: int | None) -> pa.StringArray:
+    """``YYYY-MM-DDTHH:MM:SS[.f{width}]Z`` of epoch microseconds within years 1-9999.
+
+    Dates, clock times and fractions come from small tables (one gather each)."""
+    valid = ~null
+    m = micros[valid] if null.any() else micros
+    days, rest = np.divmod(m, cal.MICROS_PER_DAY)
+    out = np.empty((len(m), 20 + (width + 1 if width else 0)), dtype=np.uint8)
+    if len(m):
+        first = int(days.min())
+        span = int(days.max()) - first + 1
+        if span <= _DAY_TABLE_SPAN:
+            table = _civil_rows(np.arange(first, first + span, dtype=np.int64))
+            out[:, 0:10] = np.take(table, days - first, axis=0)
+        else:
+            out[:, 0:10] = _civil_rows(days)
+    seconds, fraction = np.divmod(rest, 1_000_000)
+    out[:, 10] = ord("T")
+    out[:, 11:19] = np.take(_CLOCK, seconds, axis=0)
+    if width:
+        out[:, 19] = ord(".")
+        digits = np.empty((len(m), 6), dtype=np.uint8)
+        digits[:, 0:3] = np.take(_THOUSANDS, fraction // 1000, axis=0)
+        digits[:, 3:6] = np.take(_THOUSANDS, fraction % 1000, axis=0)
+        out[:, 20:20 + width] = digits[:, :width]
+    out[:, -1] = ord("Z")
+    return fixed_strings(out, valid if null.any() else None, len(micros))
+
+
+def _timestamptz(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted | None:
+    assert isinstance(conv, TimestampTzConverter)
+    null = cc.nulls(rows, col)
+    raw = cc.fixed_values(rows, col, ">i8").astype(np.int64)
+    live = raw[~null]
+    if len(live) and (int(live.min()) < MIN_MICROS - EPOCH_2000_MICROS or
+                      int(live.max()) > MAX_MICROS - EPOCH_2000_MICROS):
+        return fast_convert(conv, _text_of(raw, null, pg_timestamptz_text))
+    micros = raw + EPOCH_2000_MICROS
+    bronze = _zoned_strings(micros, null, conv.width)
+    silver = _arrow(micros, null, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    return _finish(conv, bronze, silver)
+
+
+def _date(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted | None:
+    null = cc.nulls(rows, col)
+    raw = cc.fixed_values(rows, col, ">i4").astype(np.int64)
+    live = raw[~null]
+    if len(live) and (int(live.min()) < MIN_DAYS - EPOCH_2000_DAYS or
+                      int(live.max()) > MAX_DAYS - EPOCH_2000_DAYS):
+        return fast_convert(conv, _text_of(raw, null, pg_date_text))
+    days = (raw + EPOCH_2000_DAYS).astype(np.int32)
+    bronze = _arrow(days, null, pa.int32())
+    return _finish(conv, bronze, bronze.cast(pa.date32()))
+
+
+_POW10 = np.array([10**k for k in range(19)], dtype=np.int64)
+
+
+def _numeric(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
+    """NUMERIC(p,s), p <= 18, precise: the unscaled value from the base-10000 digits."""
+    scale = _numeric_scale(conv)
+    assert scale is not None
+    null = cc.nulls(rows, col)
+    start = np.where(null, 0, rows.starts[col])
+    head = cc.fixed_window(rows, start, 8).view(">i2").astype(np.int64)
+    ndigits, weight, sign = head[:, 0], head[:, 1], head[:, 2] & 0xFFFF
+    live = ~null
+    length = rows.lengths[col]
+    plain = (sign == 0) | (sign == 0x4000)
+    # |value| < (first digit + 1) * 10000^weight, so the unscaled value stays below 10^18
+    # (an int64) when that bound, times 10^scale, does
+    first = cc.fixed_window(rows, np.where(live & (ndigits > 0), start + 8, 0), 2) \
+        .view(">i2").ravel().astype(np.float64)
+    bound = (first + 1) * np.power(10.0, np.clip(4 * weight + scale, -40, 40))
+    fits = (ndigits == 0) | (bound <= 10.0 ** NUMERIC_MAX_DIGITS)
+    ok = not bool((live & ~(plain & fits & (length == 8 + 2 * ndigits))).any())
+    unscaled = np.zeros(len(null), dtype=np.int64)
+    if ok:
+        for i in range(int(ndigits[live].max(initial=0))):
+            has = live & (ndigits > i)
+            digit = cc.fixed_window(rows, np.where(has, start + 8 + 2 * i, 0), 2) \
+                .view(">i2").ravel().astype(np.int64)
+            exponent = 4 * (weight - i) + scale
+            up = has & (exponent >= 0)
+            unscaled += np.where(up, digit * _POW10[np.clip(exponent, 0, 18)], 0)
+            down = has & (exponent < 0)
+            if down.any():
+                divisor = _POW10[np.clip(-exponent, 0, 18)]
+                if bool((down & (digit % divisor != 0)).any()):  # more digits than the scale
+                    ok = False
+                    break
+                unscaled += np.where(down, digit // divisor, 0)
+    if not ok:  # NaN, infinities, values beyond the column's typmod: the converter decides
+        values = [None if null[r] else pg_numeric_text(
+            rows.data[rows.starts[col][r]:rows.starts[col][r] + length[r]].tobytes())
+            for r in range(len(null))]
+        return fast_convert(conv, pa.array(values, pa.string()))
+    unscaled = np.where(sign == 0x4000, -unscaled, unscaled)
+    words = np.empty((len(null), 2), dtype=np.int64)
+    words[:, 0] = unscaled
+    words[:, 1] = np.where(unscaled < 0, -1, 0)
+    silver = pa.Array.from_buffers(conv.silver_field.type, len(null),
+                                   [cc.validity(null), pa.py_buffer(words)],
+                                   null_count=int(null.sum()))
+    return _finish(conv, decimal_array_to_bytes(silver), silver)
+
+
+def _number(conv: ColumnConverter, rows: BinaryRows, col: int, dtype: str) -> Converted:
+    null = cc.nulls(rows, col)
+    bronze = _arrow(cc.fixed_values(rows, col, dtype), null, conv.bronze_field.type)
+    same = conv.silver_field.type == bronze.type
+    return _finish(conv, bronze, bronze if same else None)
+
+
+def _bool(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
+    null = cc.nulls(rows, col)
+    values = cc.fixed_values(rows, col, ">u1")
+    if int(values.max(initial=0)) > 1:
+        raise DecodeError(f"column {conv.bronze_field.name}: boolean byte "
+                          f"{int(values.max())}")
+    bronze = _arrow(values.astype(bool), null, pa.bool_())
+    return _finish(conv, bronze, bronze)
+
+
+def _text(conv: ColumnConverter, rows: BinaryRows, col: int, skip: int) -> Converted:
+    if skip:  # jsonb: a version byte, then the text
+        null = cc.nulls(rows, col)
+        starts = rows.starts[col][~null]
+        if len(starts) and bool((rows.data[starts] != 1).any()):
+            raise DecodeError(f"column {conv.bronze_field.name}: unknown jsonb binary version")
+    return fast_convert(conv, cc.string_values(rows, col, skip))
+
+
+def convert_column(conv: ColumnConverter, kind: str | None, rows: BinaryRows,
+                   col: int) -> Converted:
+    """``(bronze, silver)`` of one column of a binary batch; ``kind`` from
+    :func:`native_kind` (None: the column was selected as text)."""
+    if kind is None or kind == "text":
+        return _text(conv, rows, col, 0)
+    if kind == "jsonb":
+        return _text(conv, rows, col, 1)
+    if kind == "bool":
+        return _bool(conv, rows, col)
+    if kind in _NUMBER_DTYPE:
+        return _number(conv, rows, col, _NUMBER_DTYPE[kind])
+    if kind == "numeric":
+        return _numeric(conv, rows, col)
+    out = _timestamptz(conv, rows, col) if kind == "timestamptz" else \
+        _date(conv, rows, col) if kind == "date" else None
+    if out is None:
+        raise ValueError(f"unknown native kind {kind!r}")
+    return out
