@@ -1,9 +1,11 @@
 """Snapshot chunks as Spark tasks: each task COPYs one chunk inside an exported snapshot and
 writes one bronze and one silver Parquet file straight into the Delta table directories.
 
-The driver commits the returned files through delta-rs; a task never commits. Memory per task
-is bounded by one parser block plus one row group (``row_group_bytes`` of text), whatever the
-chunk's size. The worker side imports neither deltalake nor pandas.
+A chunk is read with binary COPY (``binary``, the default: columns decoded with numpy, see
+:mod:`pgcdc_dagster.capture.snapshot_binary`) or text COPY (CSV parsing); either way it is
+converted and written one row group (about ``row_group_bytes`` of rows) at a time, so memory
+per task is bounded by a few row groups whatever the chunk's size. The driver commits the
+returned files through delta-rs; a task never commits.
 
 Errors the user can act on (a type the configured mode cannot convert, a table that
 vanished, an expired snapshot) come back as :class:`ChunkError` values instead of Spark task
