@@ -492,6 +492,14 @@ def _translate(exc: psycopg2.Error, label: str) -> Exception:
             f"{label}: {message}. The exported snapshot is gone (its replication connection "
             "closed before every chunk was read). Run the snapshot again; it resumes with the "
             "chunks not yet read.")
+    if "cannot allocate memory" in message or "no message from the libpq" in message:
+        return PgCdcError(
+            f"{label}: {message}. The chunk reader most likely ran out of memory receiving a "
+            "row (libpq reports a failed buffer allocation this way): a row larger than the "
+            "memory of the Python worker, or spark.executor.pyspark.memory set too low (with "
+            "pyarrow's default allocator a worker reserves about 1.8 GiB of address space "
+            "while using a few hundred MB). Raise the limit and run the snapshot again; "
+            "chunks already read are kept.")
     same: Exception = exc
     return same
 
