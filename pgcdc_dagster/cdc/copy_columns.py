@@ -125,7 +125,8 @@ def fixed_values(rows: BinaryRows, col: int, dtype: str) -> npt.NDArray[np.gener
     wrong = np.flatnonzero(~null & (length != width))
     if len(wrong):
         raise DecodeError(f"row {int(wrong[0])} column {col}: {int(length[wrong[0]])} bytes "
-                          f"where {width} were expected")
+                          f"where {width} were expected (was the column's type changed while "
+                          "the snapshot ran? run it again: it is planned with the new type)")
     start = np.where(null, 0, rows.starts[col])
     raw = _windows(rows.data, width)[start]
     values = raw.view(dtype).ravel().astype(np.dtype(dtype).newbyteorder("="))
