@@ -263,13 +263,22 @@ def _zoned_strings(micros: npt.NDArray[np.int64], null: npt.NDArray[np.bool_],
     return fixed_strings(out, valid if null.any() else None, len(micros))
 
 
-def _timestamptz(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted | None:
-    assert isinstance(conv, TimestampTzConverter)
+def _epoch_values(rows: BinaryRows, col: int, dtype: str, epoch: int, lo: int, hi: int
+                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], bool]:
+    """A temporal column's binary values (since 2000-01-01), its NULLs, and whether every
+    value shifted to the Unix ``epoch`` lies within ``[lo, hi]`` (years 1-9999, finite)."""
     null = cc.nulls(rows, col)
-    raw = cc.fixed_values(rows, col, ">i8").astype(np.int64)
+    raw = cc.fixed_values(rows, col, dtype).astype(np.int64)
     live = raw[~null]
-    if len(live) and (int(live.min()) < MIN_MICROS - EPOCH_2000_MICROS or
-                      int(live.max()) > MAX_MICROS - EPOCH_2000_MICROS):
+    inside = not len(live) or (int(live.min()) >= lo - epoch and int(live.max()) <= hi - epoch)
+    return raw, null, inside
+
+
+def _timestamptz(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
+    assert isinstance(conv, TimestampTzConverter)
+    raw, null, inside = _epoch_values(rows, col, ">i8", EPOCH_2000_MICROS, MIN_MICROS,
+                                      MAX_MICROS)
+    if not inside:
         return fast_convert(conv, _text_of(raw, null, pg_timestamptz_text))
     micros = raw + EPOCH_2000_MICROS
     bronze = _zoned_strings(micros, null, conv.width)
@@ -277,12 +286,9 @@ def _timestamptz(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted
     return _finish(conv, bronze, silver)
 
 
-def _date(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted | None:
-    null = cc.nulls(rows, col)
-    raw = cc.fixed_values(rows, col, ">i4").astype(np.int64)
-    live = raw[~null]
-    if len(live) and (int(live.min()) < MIN_DAYS - EPOCH_2000_DAYS or
-                      int(live.max()) > MAX_DAYS - EPOCH_2000_DAYS):
+def _date(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
+    raw, null, inside = _epoch_values(rows, col, ">i4", EPOCH_2000_DAYS, MIN_DAYS, MAX_DAYS)
+    if not inside:
         return fast_convert(conv, _text_of(raw, null, pg_date_text))
     days = (raw + EPOCH_2000_DAYS).astype(np.int32)
     bronze = _arrow(days, null, pa.int32())
@@ -381,8 +387,8 @@ def convert_column(conv: ColumnConverter, kind: str | None, rows: BinaryRows,
         return _number(conv, rows, col, _NUMBER_DTYPE[kind])
     if kind == "numeric":
         return _numeric(conv, rows, col)
-    out = _timestamptz(conv, rows, col) if kind == "timestamptz" else \
-        _date(conv, rows, col) if kind == "date" else None
-    if out is None:
-        raise ValueError(f"unknown native kind {kind!r}")
-    return out
+    if kind == "timestamptz":
+        return _timestamptz(conv, rows, col)
+    if kind == "date":
+        return _date(conv, rows, col)
+    raise ValueError(f"unknown native kind {kind!r}")
