@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 PG_MAJOR="${PGCDC_PG_MAJOR:-15}"
 packages=()
 command -v java >/dev/null 2>&1 || packages+=("openjdk-17-jre-headless")
+command -v openssl >/dev/null 2>&1 || packages+=("openssl")  # the SSL test cluster
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || packages+=("postgresql-${PG_MAJOR}")
 compgen -G "/usr/share/postgresql/*/extension/postgis.control" >/dev/null \
   || packages+=("postgresql-${PG_MAJOR}-postgis-3")

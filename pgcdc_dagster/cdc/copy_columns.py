@@ -1,17 +1,19 @@
 """Column-wise decoding of ``COPY ... TO STDOUT (FORMAT binary)`` rows with numpy.
 
-psycopg2's ``copy_expert`` hands over one CopyData message per row, so the row boundaries
-are known without parsing. :func:`split_fields` joins a batch of rows into one buffer and
-walks the fields of all rows at once, one column at a time (a row is an Int16 field count,
-then per field an Int32 length, -1 for NULL, and the value bytes; big-endian): for every
-column it returns where each row's value starts and how long it is. Values are then taken
-out as fixed-width numbers (:func:`fixed_values`) or as strings that reference the buffer
-(:func:`string_values`, an Arrow ``string_view`` cast to ``string``). No Python runs per
-row; the format is checked (field counts, lengths, every row consumed exactly) and a bad
-buffer raises :class:`~pgcdc_dagster.exceptions.DecodeError` naming the row and column.
+The rows of a batch lie in one buffer (:class:`RowSpans`: the receive buffer of the socket
+reader, whose framing gives every row's start and end, or rows from psycopg2 joined
+together). :func:`split_fields` walks the fields of all rows at once, one column at a time
+(a row is an Int16 field count, then per field an Int32 length, -1 for NULL, and the value
+bytes; big-endian): for every column it returns where each row's value starts and how long
+it is. Values are then taken out as fixed-width numbers (:func:`fixed_values`) or as
+strings that reference the buffer (:func:`string_values`, an Arrow ``string_view`` cast to
+``string``). No Python runs per row; the format is checked (field counts, lengths, every
+row consumed exactly) and a bad buffer raises :class:`~pgcdc_dagster.exceptions.DecodeError`
+naming the row and column.
 
 The stream header and trailer are the reader's business
-(:func:`pgcdc_dagster.postgres.snapshot_read.read_binary_rows` strips them).
+(:mod:`pgcdc_dagster.cdc.copy_frames` and :mod:`pgcdc_dagster.postgres.binary_read`
+strip them).
 """
 
 from __future__ import annotations
@@ -28,12 +30,45 @@ from pgcdc_dagster.exceptions import DecodeError
 Ints = npt.NDArray[np.int64]
 
 
+_PAD = bytes(16)
+"""Zero bytes after the rows, so that fixed-width windows never run past the buffer."""
+
+
+@dataclass(frozen=True)
+class RowSpans:
+    """Binary COPY tuples in one buffer: row ``i`` is ``data[start[i]:end[i]]``.
+
+    At least ``len(_PAD)`` bytes of ``data`` follow the last row (any bytes: fixed-width
+    windows read there and discard what they read).
+    """
+
+    data: bytes | bytearray
+    start: Ints
+    end: Ints
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def rows(self) -> list[bytes]:
+        """Each row's bytes (for tests and error reports; the decoder never needs them)."""
+        view = memoryview(self.data)
+        return [bytes(view[s:e]) for s, e in zip(self.start.tolist(), self.end.tolist(),
+                                                   strict=True)]
+
+
+def join_rows(rows: Sequence[bytes]) -> RowSpans:
+    """Rows received one by one (psycopg2's ``copy_expert``) as one buffer."""
+    row_len = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    end = np.cumsum(row_len)
+    return RowSpans(b"".join([*rows, _PAD]), end - row_len, end)
+
+
 @dataclass(frozen=True)
 class BinaryRows:
     """A batch of binary COPY rows, split into fields."""
 
     data: npt.NDArray[np.uint8]
-    """The rows' bytes, back to back."""
+    """The buffer that holds the rows."""
     buffer: pa.Buffer
     """The same bytes as an Arrow buffer (string values reference it)."""
     starts: tuple[Ints, ...]
@@ -44,10 +79,6 @@ class BinaryRows:
     @property
     def num_rows(self) -> int:
         return len(self.starts[0]) if self.starts else 0
-
-
-_PAD = bytes(16)
-"""Zero bytes after the rows, so that fixed-width windows never run past the buffer."""
 
 
 def _windows(data: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint8]:
@@ -61,19 +92,21 @@ def _int32_at(data: npt.NDArray[np.uint8], pos: Ints) -> npt.NDArray[np.int32]:
     return out
 
 
-def split_fields(rows: Sequence[bytes], ncols: int, *, label: str = "COPY") -> BinaryRows:
+def split_fields(rows: Sequence[bytes] | RowSpans, ncols: int, *,
+                 label: str = "COPY") -> BinaryRows:
     """Walk every field of ``rows`` (one complete tuple each).
 
     Raises:
         DecodeError: a row with another field count than ``ncols``, a length below -1, or
             a row whose fields do not end exactly at its end.
     """
-    n = len(rows)
-    joined = b"".join([*rows, _PAD])
-    data = np.frombuffer(joined, dtype=np.uint8)
-    row_len = np.fromiter(map(len, rows), dtype=np.int64, count=n)
-    ends = np.cumsum(row_len)
-    row_start = ends - row_len
+    spans = rows if isinstance(rows, RowSpans) else join_rows(rows)
+    n = len(spans)
+    data = np.frombuffer(spans.data, dtype=np.uint8)
+    row_start, ends = spans.start, spans.end
+    row_len = ends - row_start
+    if n and int(ends[-1]) + len(_PAD) > len(data):
+        raise DecodeError(f"{label}: the rows' buffer has no room after the last row")
     if n and int(row_len.min()) < 2:
         raise DecodeError(f"{label}: row {int(np.argmin(row_len))} is shorter than its field "
                           "count")
@@ -104,7 +137,7 @@ def split_fields(rows: Sequence[bytes], ncols: int, *, label: str = "COPY") -> B
         r = int(wrong[0])
         raise DecodeError(f"{label}: row {r}'s fields end at byte {int(pos[r])}, the row at "
                           f"{int(ends[r])}")
-    return BinaryRows(data, pa.py_buffer(joined), tuple(starts), tuple(lengths))
+    return BinaryRows(data, pa.py_buffer(spans.data), tuple(starts), tuple(lengths))
 
 
 def nulls(rows: BinaryRows, col: int) -> npt.NDArray[np.bool_]:

@@ -202,7 +202,7 @@ def test_rebuilt_text_of_odd_temporal_values_is_postgresql_output(pg_dsn, pg_con
     query = sql.SQL("SELECT k, tz, d, tz::text, d::text FROM odd ORDER BY k")
     # ::text under the reader's pinned session (UTC, ISO) is the output function's text
     batches = list(read_binary_rows(pg_dsn, None, query))
-    rows = cc.split_fields([r for batch in batches for r in batch], 5)
+    rows = cc.split_fields([r for batch in batches for r in batch.rows()], 5)
     tz = cc.fixed_values(rows, 1, ">i8")
     d = cc.fixed_values(rows, 2, ">i4")
     tz_text = cc.string_values(rows, 3).to_pylist()

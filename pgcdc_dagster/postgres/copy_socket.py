@@ -1,0 +1,132 @@
+"""``COPY ... TO STDOUT (FORMAT binary)`` read from the connection's socket in large buffers.
+
+psycopg2's ``copy_expert`` calls Python once per row (libpq returns one CopyData message at
+a time), which costs about as much as decoding the row. Here the COPY is sent as a simple
+``Query`` message on the socket of an open psycopg2 connection (after libpq has finished
+every exchange, so nothing is pending on either side), and the reply is received with
+``recv_into`` into buffers of ``batch_bytes``; :class:`~pgcdc_dagster.cdc.copy_frames.CopyOutFramer`
+finds the rows in each buffer. The reply is read to its ``ReadyForQuery``, so libpq finds
+the connection as it left it (in the same transaction) and ends it as usual.
+
+Only an unencrypted connection can be read this way: under SSL or GSSAPI encryption the
+socket carries ciphertext. :func:`plain_socket` tells; the caller then uses libpq.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import psycopg2.extensions
+
+from pgcdc_dagster.cdc.copy_columns import RowSpans
+from pgcdc_dagster.cdc.copy_frames import READY_FOR_QUERY, CopyOutFramer, ServerError
+from pgcdc_dagster.exceptions import DecodeError
+
+PAD = 16
+"""Spare bytes after a buffer's data (see :class:`RowSpans`)."""
+POLL_SECONDS = 0.5
+"""How often a reader waiting for the server checks whether it should stop."""
+
+
+class Stopped(Exception):
+    """The consumer went away: stop reading."""
+
+
+class ServerErrorResponse(Exception):
+    """The server ended the COPY with an error (translated by the caller)."""
+
+    def __init__(self, error: ServerError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def plain_socket(cur: psycopg2.extensions.cursor) -> bool:
+    """True when the connection's socket carries the protocol in the clear (no SSL, no
+    GSSAPI encryption: ``pg_stat_gssapi`` exists from PostgreSQL 12 on, when GSSAPI
+    encryption appeared)."""
+    conn = cur.connection
+    if conn.info.ssl_in_use:
+        return False
+    if conn.server_version < 120000:
+        return True
+    cur.execute("SELECT coalesce((SELECT encrypted FROM pg_stat_gssapi "
+                "WHERE pid = pg_backend_pid()), false)")
+    row = cur.fetchone()
+    return not (row and row[0])
+
+
+def _query_message(conn: psycopg2.extensions.connection, text: str) -> bytes:
+    codec = psycopg2.extensions.encodings.get(conn.encoding, "utf-8")
+    payload = text.encode(codec) + b"\x00"
+    return b"Q" + struct.pack("!i", len(payload) + 4) + payload
+
+
+def _needed(buf: bytearray, pos: int, filled: int) -> int:
+    """Bytes the message at ``pos`` needs in all (0 while its length is not in yet)."""
+    if filled - pos < 5:
+        return 0
+    (length,) = struct.unpack_from("!i", buf, pos + 1)
+    return int(length) + 1
+
+
+def copy_out(conn: psycopg2.extensions.connection, query: str, emit: Callable[[RowSpans], None],
+             stop: threading.Event, *, batch_bytes: int, label: str) -> None:
+    """Run ``query`` (a ``COPY ... TO STDOUT (FORMAT binary)``) over the raw socket and
+    ``emit`` its rows batch by batch (each batch owns its buffer).
+
+    Raises:
+        ServerErrorResponse: the server reported an error (after its ``ReadyForQuery``).
+        Stopped: ``stop`` was set.
+        DecodeError: the reply is not a binary COPY.
+        ConnectionError: the server closed the connection.
+    """
+    framer = CopyOutFramer(label)
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        sock.settimeout(POLL_SECONDS)  # polls; the descriptor stays non-blocking for libpq
+        sock.sendall(_query_message(conn, query))
+        capacity = max(batch_bytes, 1 << 16)
+        buf = bytearray(capacity + PAD)
+        filled = 0
+        while not framer.done:
+            if stop.is_set():
+                raise Stopped()
+            if filled == capacity:  # one message fills the buffer: make room for it
+                need = _needed(buf, 0, filled)
+                capacity = max(need, capacity * 2)
+                grown = bytearray(capacity + PAD)
+                grown[:filled] = buf[:filled]
+                buf = grown
+            try:
+                got = sock.recv_into(memoryview(buf)[filled:capacity])
+            except TimeoutError:
+                continue
+            if not got:
+                raise ConnectionError(f"{label}: the server closed the connection during COPY")
+            filled += got
+            if filled < capacity and buf[filled - 6:filled - 1] != READY_FOR_QUERY:
+                continue
+            data = np.frombuffer(buf, dtype=np.uint8)
+            starts, ends, pos = framer.frame(data, 0, filled)
+            del data
+            tail = filled - pos
+            if len(starts):
+                emit(RowSpans(buf, starts, ends))
+                size = max(batch_bytes, 1 << 16, _needed(buf, pos, filled))
+                fresh = bytearray(size + PAD)
+                fresh[:tail] = buf[pos:filled]
+                buf, capacity = fresh, size
+            elif pos:
+                buf[:tail] = buf[pos:filled]
+            filled = tail
+        if framer.error is not None:
+            raise ServerErrorResponse(framer.error)
+        if not framer.complete:
+            raise DecodeError(f"{label}: the COPY ended without the binary trailer")
+    finally:
+        sock.close()  # the duplicate descriptor; libpq keeps its own
