@@ -226,41 +226,61 @@ def _clock_table() -> npt.NDArray[np.uint8]:
     return out
 
 
-_CLOCK = _clock_table()
-_THOUSANDS = np.array([[48 + i // 100, 48 + i // 10 % 10, 48 + i % 10] for i in range(1000)],
-                      dtype=np.uint8)
+_CLOCK = np.ascontiguousarray(_clock_table()).view("S8").ravel()
+_THOUSANDS = np.array([b"%03d" % i for i in range(1000)], dtype="S3")
 _DAY_TABLE_SPAN = 1 << 20
 """Batches whose days span at most this many format each day once, then gather."""
+
+
+def _zoned_layout(width: int) -> np.dtype[np.void]:
+    """``YYYY-MM-DDTHH:MM:SS[.f{width}]Z`` as a record of fixed-width byte fields."""
+    names, formats, offsets = ["date", "T", "clock"], ["S10", "S1", "S8"], [0, 10, 11]
+    if width:
+        names += ["dot", "ms"]
+        formats += ["S1", f"S{min(width, 3)}"]
+        offsets += [19, 20]
+        if width > 3:
+            names.append("us")
+            formats.append(f"S{width - 3}")
+            offsets.append(23)
+    size = 20 + (width + 1 if width else 0)
+    names.append("Z")
+    formats.append("S1")
+    offsets.append(size - 1)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                     "itemsize": size})
 
 
 def _zoned_strings(micros: npt.NDArray[np.int64], null: npt.NDArray[np.bool_],
                    width: int | None) -> pa.StringArray:
     """``YYYY-MM-DDTHH:MM:SS[.f{width}]Z`` of epoch microseconds within years 1-9999.
 
-    Dates, clock times and fractions come from small tables (one gather each)."""
+    Each part is one gather from a small table (dates, clock times, groups of three
+    fraction digits, truncated to ``width``) into its field of a fixed-width record."""
     valid = ~null
     m = micros[valid] if null.any() else micros
     days, rest = np.divmod(m, cal.MICROS_PER_DAY)
-    out = np.empty((len(m), 20 + (width + 1 if width else 0)), dtype=np.uint8)
+    seconds, fraction = np.divmod(rest, 1_000_000)
+    layout = _zoned_layout(width or 0)
+    out = np.empty(len(m), dtype=layout)
     if len(m):
         first = int(days.min())
         span = int(days.max()) - first + 1
         if span <= _DAY_TABLE_SPAN:
             table = _civil_rows(np.arange(first, first + span, dtype=np.int64))
-            out[:, 0:10] = np.take(table, days - first, axis=0)
+            out["date"] = np.ascontiguousarray(table).view("S10").ravel()[days - first]
         else:
-            out[:, 0:10] = _civil_rows(days)
-    seconds, fraction = np.divmod(rest, 1_000_000)
-    out[:, 10] = ord("T")
-    out[:, 11:19] = np.take(_CLOCK, seconds, axis=0)
+            out["date"] = np.ascontiguousarray(_civil_rows(days)).view("S10").ravel()
+    out["T"] = b"T"
+    out["clock"] = _CLOCK[seconds]
     if width:
-        out[:, 19] = ord(".")
-        digits = np.empty((len(m), 6), dtype=np.uint8)
-        digits[:, 0:3] = np.take(_THOUSANDS, fraction // 1000, axis=0)
-        digits[:, 3:6] = np.take(_THOUSANDS, fraction % 1000, axis=0)
-        out[:, 20:20 + width] = digits[:, :width]
-    out[:, -1] = ord("Z")
-    return fixed_strings(out, valid if null.any() else None, len(micros))
+        out["dot"] = b"."
+        out["ms"] = _THOUSANDS[fraction // 1000]  # a narrower field keeps the first digits
+        if width > 3:
+            out["us"] = _THOUSANDS[fraction % 1000]
+    out["Z"] = b"Z"
+    rows = out.view(np.uint8).reshape(len(m), layout.itemsize)
+    return fixed_strings(rows, valid if null.any() else None, len(micros))
 
 
 def _epoch_values(rows: BinaryRows, col: int, dtype: str, epoch: int, lo: int, hi: int
@@ -304,15 +324,15 @@ def _numeric(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
     assert scale is not None
     null = cc.nulls(rows, col)
     start = np.where(null, 0, rows.starts[col])
-    head = cc.fixed_window(rows, start, 8).view(">i2").astype(np.int64)
-    ndigits, weight, sign = head[:, 0], head[:, 1], head[:, 2] & 0xFFFF
+    int16 = cc.numbers_at(rows.data, ">i2")
+    ndigits, weight = int16[start].astype(np.int64), int16[start + 2].astype(np.int64)
+    sign = int16[start + 4].astype(np.int64) & 0xFFFF
     live = ~null
     length = rows.lengths[col]
     plain = (sign == 0) | (sign == 0x4000)
     # |value| < (first digit + 1) * 10000^weight, so the unscaled value stays below 10^18
     # (an int64) when that bound, times 10^scale, does
-    first = cc.fixed_window(rows, np.where(live & (ndigits > 0), start + 8, 0), 2) \
-        .view(">i2").ravel().astype(np.float64)
+    first = int16[np.where(live & (ndigits > 0), start + 8, 0)].astype(np.float64)
     bound = (first + 1) * np.power(10.0, np.clip(4 * weight + scale, -40, 40))
     fits = (ndigits == 0) | (bound <= 10.0 ** NUMERIC_MAX_DIGITS)
     ok = not bool((live & ~(plain & fits & (length == 8 + 2 * ndigits))).any())
@@ -320,8 +340,7 @@ def _numeric(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
     if ok:
         for i in range(int(ndigits[live].max(initial=0))):
             has = live & (ndigits > i)
-            digit = cc.fixed_window(rows, np.where(has, start + 8 + 2 * i, 0), 2) \
-                .view(">i2").ravel().astype(np.int64)
+            digit = int16[np.where(has, start + 8 + 2 * i, 0)].astype(np.int64)
             exponent = 4 * (weight - i) + scale
             up = has & (exponent >= 0)
             unscaled += np.where(up, digit * _POW10[np.clip(exponent, 0, 18)], 0)

@@ -81,63 +81,100 @@ class BinaryRows:
         return len(self.starts[0]) if self.starts else 0
 
 
-def _windows(data: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint8]:
-    """Every ``width``-byte window of ``data`` (a view: row ``i`` starts at byte ``i``)."""
-    return np.lib.stride_tricks.sliding_window_view(data, width)
-
-
-def _int32_at(data: npt.NDArray[np.uint8], pos: Ints) -> npt.NDArray[np.int32]:
-    """Big-endian Int32 at each position."""
-    out: npt.NDArray[np.int32] = _windows(data, 4)[pos].view(">i4").ravel().astype(np.int32)
-    return out
+def numbers_at(data: npt.NDArray[np.uint8], dtype: str) -> npt.NDArray[np.generic]:
+    """A view of ``data`` where element ``i`` is the ``dtype`` number at byte ``i``
+    (overlapping elements, one byte apart): indexing it with byte positions gathers numbers
+    at any offset, in one pass (much cheaper than slicing windows)."""
+    width = np.dtype(dtype).itemsize
+    return np.ndarray(shape=(max(len(data) - width + 1, 0),), dtype=dtype, buffer=data,
+                      strides=(1,))
 
 
 def split_fields(rows: Sequence[bytes] | RowSpans, ncols: int, *,
                  label: str = "COPY") -> BinaryRows:
     """Walk every field of ``rows`` (one complete tuple each).
 
+    A quick walk checks only what it must to stay inside the buffer; when anything is
+    wrong a careful walk finds the first bad row and column to name them.
+
     Raises:
         DecodeError: a row with another field count than ``ncols``, a length below -1, or
             a row whose fields do not end exactly at its end.
     """
     spans = rows if isinstance(rows, RowSpans) else join_rows(rows)
-    n = len(spans)
     data = np.frombuffer(spans.data, dtype=np.uint8)
+    if len(spans) and int(spans.end[-1]) + len(_PAD) > len(data):
+        raise DecodeError(f"{label}: the rows' buffer has no room after the last row")
+    walked = _quick_walk(data, spans, ncols)
+    if walked is None:
+        _careful_walk(data, spans, ncols, label)
+        raise DecodeError(f"{label}: malformed rows")  # the careful walk names the fault
+    starts, lengths = walked
+    return BinaryRows(data, pa.py_buffer(spans.data), starts, lengths)
+
+
+def _quick_walk(data: npt.NDArray[np.uint8], spans: RowSpans, ncols: int
+                ) -> tuple[tuple[Ints, ...], tuple[npt.NDArray[np.int32], ...]] | None:
+    """Every column's value starts and lengths, or None when a row is malformed."""
+    n = len(spans)
+    if not n:
+        empty = np.zeros(0, dtype=np.int64)
+        return (empty,) * ncols, (np.zeros(0, dtype=np.int32),) * ncols
+    if int((spans.end - spans.start).min()) < 2:
+        return None
+    if not bool((numbers_at(data, ">i2")[spans.start] == ncols).all()):
+        return None
+    int32 = numbers_at(data, ">i4")
+    limit = len(int32)
+    pos = spans.start + 2
+    starts: list[Ints] = []
+    lengths: list[npt.NDArray[np.int32]] = []
+    for _col in range(ncols):
+        if int(pos[-1]) >= limit or int(pos.max()) >= limit:
+            return None
+        length = int32[pos].astype(np.int32)
+        if int(length.min()) < -1:
+            return None
+        pos = pos + 4
+        starts.append(pos)
+        lengths.append(length)
+        pos = pos + np.maximum(length, 0)
+    if not np.array_equal(pos, spans.end):
+        return None
+    return tuple(starts), tuple(lengths)
+
+
+def _careful_walk(data: npt.NDArray[np.uint8], spans: RowSpans, ncols: int,
+                  label: str) -> None:
+    """Raise a DecodeError naming the first malformed row (and column)."""
     row_start, ends = spans.start, spans.end
     row_len = ends - row_start
-    if n and int(ends[-1]) + len(_PAD) > len(data):
-        raise DecodeError(f"{label}: the rows' buffer has no room after the last row")
-    if n and int(row_len.min()) < 2:
+    if int(row_len.min()) < 2:
         raise DecodeError(f"{label}: row {int(np.argmin(row_len))} is shorter than its field "
                           "count")
-    counts = (data[row_start].astype(np.int64) << 8) | data[row_start + 1] if n else row_start
+    counts = numbers_at(data, ">i2")[row_start]
     bad = np.flatnonzero(counts != ncols)
     if len(bad):
         raise DecodeError(f"{label}: row {int(bad[0])} has {int(counts[bad[0]])} fields, "
                           f"expected {ncols} (byte offset {int(row_start[bad[0]])})")
+    int32 = numbers_at(data, ">i4")
     pos = row_start + 2
-    starts: list[Ints] = []
-    lengths: list[npt.NDArray[np.int32]] = []
     for col in range(ncols):
         short = np.flatnonzero(pos + 4 > ends)
         if len(short):
             raise DecodeError(f"{label}: row {int(short[0])} ends inside the length of "
                               f"column {col} (byte offset {int(pos[short[0]])})")
-        length = _int32_at(data, pos)
-        if n and int(length.min()) < -1:
+        length = int32[pos].astype(np.int64)
+        if int(length.min()) < -1:
             r = int(np.argmin(length))
             raise DecodeError(f"{label}: row {r} column {col} has length {int(length[r])} "
                               f"(byte offset {int(pos[r])})")
-        start = pos + 4
-        starts.append(start)
-        lengths.append(length)
-        pos = start + np.maximum(length, 0)
+        pos = pos + 4 + np.maximum(length, 0)
     wrong = np.flatnonzero(pos != ends)
     if len(wrong):
         r = int(wrong[0])
         raise DecodeError(f"{label}: row {r}'s fields end at byte {int(pos[r])}, the row at "
                           f"{int(ends[r])}")
-    return BinaryRows(data, pa.py_buffer(spans.data), tuple(starts), tuple(lengths))
 
 
 def nulls(rows: BinaryRows, col: int) -> npt.NDArray[np.bool_]:
@@ -161,16 +198,10 @@ def fixed_values(rows: BinaryRows, col: int, dtype: str) -> npt.NDArray[np.gener
                           f"where {width} were expected (was the column's type changed while "
                           "the snapshot ran? run it again: it is planned with the new type)")
     start = np.where(null, 0, rows.starts[col])
-    raw = _windows(rows.data, width)[start]
-    values = raw.view(dtype).ravel().astype(np.dtype(dtype).newbyteorder("="))
+    values = numbers_at(rows.data, dtype)[start].astype(np.dtype(dtype).newbyteorder("="))
     if null.any():
         values[null] = 0
     return values
-
-
-def fixed_window(rows: BinaryRows, start: Ints, width: int) -> npt.NDArray[np.uint8]:
-    """``width`` bytes at each position (rows of a 2-D array; positions from the batch)."""
-    return _windows(rows.data, width)[start]
 
 
 def validity(null: npt.NDArray[np.bool_]) -> pa.Buffer | None:
@@ -178,6 +209,10 @@ def validity(null: npt.NDArray[np.bool_]) -> pa.Buffer | None:
     if not null.any():
         return None
     return pa.array(~null, pa.bool_()).buffers()[1]
+
+
+_KEEP = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF, 0xFFFFFFFF], dtype="<u4")
+"""Masks that keep the first 0..4 bytes of a word read in memory order."""
 
 
 def string_values(rows: BinaryRows, col: int, skip: int = 0) -> pa.StringArray:
@@ -197,15 +232,17 @@ def string_values(rows: BinaryRows, col: int, skip: int = 0) -> pa.StringArray:
         raise DecodeError(f"row {r} column {col}: value shorter than its {skip}-byte header")
     if len(rows.data) >= 2**31:
         raise DecodeError(f"column {col}: a batch of 2 GiB or more cannot be referenced")
-    # A view: Int32 length, then up to 12 bytes inline; or 4 prefix bytes, buffer 0, offset.
+    # A view: Int32 length, then up to 12 bytes inline (zero after the value); or the 4
+    # prefix bytes, buffer 0, offset. Words are read in memory order ("<u4") at any offset.
     short = length <= 12
-    inline = _windows(rows.data, 12)[np.where(null, 0, start)]
-    keep = np.arange(12) < np.where(short, length, 4)[:, None]
-    views = np.empty((n, 16), dtype=np.uint8)
-    views[:, 4:16] = inline * keep
-    words = views.view("<i4")
-    words[:, 0] = length
-    words[:, 3] = np.where(short, words[:, 3], start)
+    at = np.where(null, 0, start)
+    inline = np.where(short, length, 4)
+    words = numbers_at(rows.data, "<u4")
+    views = np.empty((n, 4), dtype="<u4")
+    views[:, 0] = length
+    for j in range(3):
+        kept = words[at + 4 * j] & _KEEP[np.clip(inline - 4 * j, 0, 4)]
+        views[:, j + 1] = kept if j == 0 else np.where(short, kept, 0 if j == 1 else start)
     out = pa.Array.from_buffers(pa.string_view(), n,
                                 [validity(null), pa.py_buffer(views), rows.buffer],
                                 null_count=int(null.sum()))
