@@ -35,7 +35,7 @@ from pgcdc_dagster.cdc import copy_columns as cc
 from pgcdc_dagster.cdc.copy_columns import BinaryRows
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.cdc.typeconv import calendar as cal
-from pgcdc_dagster.cdc.typeconv.decimal_codec import decimal_array_to_bytes
+from pgcdc_dagster.cdc.typeconv.decimal_codec import int64_decimal_bytes
 from pgcdc_dagster.cdc.typeconv.fixed_text import fixed_strings
 from pgcdc_dagster.cdc.typeconv.numeric import NumericConverter
 from pgcdc_dagster.cdc.typeconv.scalars import BooleanConverter, FloatConverter, IntegerConverter
@@ -363,7 +363,7 @@ def _numeric(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
     silver = pa.Array.from_buffers(conv.silver_field.type, len(null),
                                    [cc.validity(null), pa.py_buffer(words)],
                                    null_count=int(null.sum()))
-    return _finish(conv, decimal_array_to_bytes(silver), silver)
+    return _finish(conv, int64_decimal_bytes(unscaled, null), silver)
 
 
 def _number(conv: ColumnConverter, rows: BinaryRows, col: int, dtype: str) -> Converted:
