@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import re
 import time
@@ -78,6 +77,7 @@ from pgcdc_dagster.postgres.snapshot_read import (
     TableSize,
     TableVanishedError,
     block_bytes,
+    chunk_count,
     create_plain_slot,
     key_columns,
     plan_chunks,
@@ -94,8 +94,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
-
-BLOCK_SIZE = 8192
 
 
 @dataclass
@@ -306,7 +304,7 @@ class _SnapshotRun:
         ctx = self.contexts[name]
         schema, table = name
         size = table_size(conn, schema, table)
-        count = max(1, math.ceil(size.bytes / max(self.settings.snapshot_chunk_bytes, 1)))
+        count = chunk_count(size.bytes, self.settings.snapshot_chunk_bytes, self._slots())
         key = self._key(conn, name)
         captured = {c.name for c in ctx.relation.columns}
         if key and (name not in self.overrides or {k.name for k in key} <= captured):
@@ -315,11 +313,17 @@ class _SnapshotRun:
         elif name in self.overrides:  # ranges need the key among the override's columns
             chunks, kind = [Chunk(schema, table, 0, "key")], "key"
         else:
-            per_chunk = max(1, self.settings.snapshot_chunk_bytes // BLOCK_SIZE)
+            per_chunk = max(1, -(-size.blocks // count))
             chunks, kind = plan_chunks(schema, table, size.blocks, per_chunk), "ctid"
         return TablePlan(schema, table, kind, chunks, size.est_rows, name in self.overrides,
                          _fingerprint(ctx, self.overrides.get(name)),
                          key=[k.name for k in key] if kind == "key" else [])
+
+    def _slots(self) -> int:
+        """Chunks the Spark job runs at once (``snapshot_max_threads`` when smaller)."""
+        slots = max(1, int(self.spark.sparkContext.defaultParallelism))
+        threads = self.settings.snapshot_max_threads
+        return min(slots, threads) if threads > 0 else slots
 
     def _key(self, conn: psycopg2.extensions.connection, name: TableName) -> list[KeyColumn]:
         if name not in self.keys:

@@ -65,6 +65,8 @@ SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
 
 SAMPLE_BLOCKS_PER_CHUNK = 50
 SAMPLE_MAX_BLOCKS = 20_000
+PARALLEL_MIN_CHUNK_BYTES = 8 << 20
+"""A table is spread over the snapshot's task slots while each chunk keeps this much heap."""
 
 
 class TableVanishedError(ConfigurationError):
@@ -202,6 +204,14 @@ def table_size(conn: psycopg2.extensions.connection, schema: str, table: str) ->
 def table_blocks(conn: psycopg2.extensions.connection, schema: str, table: str) -> int:
     """Number of heap blocks of the table now (an upper bound for any older snapshot)."""
     return table_size(conn, schema, table).blocks
+
+
+def chunk_count(table_bytes: int, chunk_bytes: int, slots: int) -> int:
+    """How many chunks a table is read in: one per ``chunk_bytes`` of heap, and at least one
+    per task slot while each chunk keeps :data:`PARALLEL_MIN_CHUNK_BYTES` (so a table read
+    alone uses every core, not one)."""
+    by_size = max(1, -(-table_bytes // max(chunk_bytes, 1)))
+    return max(by_size, min(slots, table_bytes // PARALLEL_MIN_CHUNK_BYTES))
 
 
 def plan_chunks(schema: str, table: str, blocks: int, blocks_per_chunk: int) -> list[Chunk]:

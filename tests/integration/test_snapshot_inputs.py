@@ -18,9 +18,11 @@ from pgcdc_dagster.lake.silver import live_rows
 from pgcdc_dagster.postgres.snapshot_read import (
     MAX_BLOCK_BYTES,
     MIN_BLOCK_BYTES,
+    PARALLEL_MIN_CHUNK_BYTES,
     Chunk,
     TableVanishedError,
     block_bytes,
+    chunk_count,
     chunk_query,
     key_columns,
     plan_chunks,
@@ -196,3 +198,34 @@ def test_fetch_size_sizes_the_reader_blocks(pg_dsn, pg_conn) -> None:
         assert max(rows) * 205 <= block  # a batch never holds more than one block of text
         shapes[fetch] = len(rows)
     assert shapes[1] > shapes[2000] > shapes[10**9]
+
+
+@pytest.mark.spark
+def test_a_table_read_alone_is_spread_over_the_slots(pg_dsn, pg_conn, spark, lakehouse) -> None:
+    """~25 MB of heap is one 64 MiB chunk by size, but two on two task slots (SNAP-01 speed)."""
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE wide (id int PRIMARY KEY, v text); INSERT INTO wide "
+                    "SELECT g, repeat('w', 120) FROM generate_series(1, 150000) g; "
+                    "ANALYZE wide")
+        heap = table_size(pg_conn, "public", "wide").bytes
+    assert 2 * PARALLEL_MIN_CHUNK_BYTES <= heap < 64 << 20
+    assert int(spark.sparkContext.defaultParallelism) == 2
+    sized = {"snapshot_chunk_bytes": 64 << 20, "include": ("public\\.wide",)}
+    spread = run_snapshot(settings_for(pg_dsn, lakehouse, snapshot_max_threads=0, **sized),
+                          spark, force=True)
+    assert spread.chunks_read == 2 and spread.rows_read == 150000
+    keys = bronze_table(lakehouse, "wide").to_pyarrow_table(columns=["key"])["key"]
+    assert sorted(k["id"] for k in keys.to_pylist()) == list(range(1, 150001))
+    alone = run_snapshot(settings_for(pg_dsn, lakehouse / "one", slot="one", publication="one",
+                                      snapshot_max_threads=1, **sized), spark, force=True)
+    assert alone.chunks_read == 1 and alone.rows_read == 150000
+
+
+def test_chunk_count() -> None:
+    mib = 1 << 20
+    assert chunk_count(0, 64 * mib, 4) == 1
+    assert chunk_count(10 * mib, 64 * mib, 4) == 1  # too small to spread
+    assert chunk_count(20 * mib, 64 * mib, 4) == 2
+    assert chunk_count(50 * mib, 64 * mib, 4) == 4
+    assert chunk_count(50 * mib, 64 * mib, 1) == 1
+    assert chunk_count(1000 * mib, 64 * mib, 4) == 16  # by size
