@@ -33,6 +33,9 @@ files with the table's schema:
   uncompressed: they would shrink by a few kB per file at most, and zstd costs about
   0.5 ms per column and file even then. The other columns (data, the boolean constant
   ``__deleted``) are zstd level 1.
+* Decimals of up to 18 digits (silver NUMERIC(p,s), precise mode) are stored as INT64 (as
+  Spark writes them), so they are integer-physical columns too; wider ones as fixed-size
+  binary.
 * Statistics are written only for the flat int/bool columns Delta file stats carry.
 """
 
@@ -145,7 +148,7 @@ def parquet_columns(schema: pa.Schema) -> list[tuple[str, str]]:
     ``schema``, the path as the writer's per-column options name it (``key.id``,
     ``after.tags.list.element``)."""
     sink = pa.BufferOutputStream()
-    pq.ParquetWriter(sink, schema, store_schema=False).close()
+    pq.ParquetWriter(sink, schema, store_schema=False, store_decimal_as_integer=True).close()
     parquet = pq.read_metadata(pa.BufferReader(sink.getvalue())).schema
     return [(parquet.column(i).path, parquet.column(i).physical_type)
             for i in range(len(parquet))]
@@ -226,7 +229,8 @@ class _FileLayout:
                                       for path, codec in compression.items() if codec != "none"},
                 "use_dictionary": dictionary,
                 "column_encoding": {path: INTEGER_ENCODING for path in sorted(delta)} or None,
-                "write_statistics": statistics, "store_schema": False}
+                "write_statistics": statistics, "store_schema": False,
+                "store_decimal_as_integer": True}
 
 
 def _dictionary_leaves(field: pa.Field, prefix: str = "") -> list[str]:

@@ -45,12 +45,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 ROWS = 30_000
 TABLE = f"""
 CREATE TABLE lay (id bigint PRIMARY KEY, r bigint NOT NULL, i2 smallint, i4 int, d date,
-                  ts timestamp, tz timestamptz, nothing int, arr int[], s text);
+                  ts timestamp, tz timestamptz, nothing int, arr int[], s text,
+                  n numeric(12, 2), w numeric(30, 4));
 INSERT INTO lay SELECT g, hashtextextended('r' || g, 0), (g % 30000 - 15000)::smallint,
   CASE WHEN g % 7 = 0 THEN NULL ELSE g * 37 % 100003 END, date '2001-01-01' + g,
   timestamp '2020-01-01' + g * interval '1.5 second',
   timestamptz '2020-01-01+00' + g * interval '1 minute', NULL, ARRAY[g, -g, g * 3],
-  'text ' || g
+  'text ' || g, (g % 100000 - 50000) / 100.0, g * 1234567.0001
 FROM generate_series(1, {ROWS}) g;
 """
 
@@ -64,9 +65,11 @@ BRONZE = {
     "after.r": (PLAIN, ZSTD),  # spread over the whole int64 range: PLAIN + zstd
     "after.nothing": (DICT, ZSTD),  # all NULL: planned low-cardinality
     "after.tz": (PLAIN, ZSTD), "after.s": (PLAIN, ZSTD),
+    "after.n": (PLAIN, ZSTD), "after.w": (PLAIN, ZSTD),  # Decimal bytes (precise mode)
     # ``before`` is all NULL in a snapshot: DELTA pages without values, nothing to compress
     **{f"before.{c}": (DELTA, NONE) for c in [*INTS, "r", "nothing"]},
     "before.tz": (PLAIN, NONE), "before.s": (PLAIN, NONE),
+    "before.n": (PLAIN, NONE), "before.w": (PLAIN, NONE),
     # constants: strings through their one-value dictionary, integers DELTA, uncompressed
     **{f"source.{c}": (DICT, NONE) for c in ["version", "connector", "name", "snapshot",
                                              "db", "sequence", "schema", "table"]},
@@ -82,6 +85,8 @@ SILVER = {
     **{c: (DELTA, NONE) for c in ["id", "i2", "i4", "d", "ts", "tz", "arr.list.element",
                                   "__lsn", "__commit_lsn", "__ordinal", "__source_ts_ms"]},
     "r": (PLAIN, ZSTD), "s": (PLAIN, ZSTD), "nothing": (DICT, ZSTD),
+    "n": (DELTA, NONE),  # NUMERIC(12,2): stored as INT64, so delta-packed
+    "w": (PLAIN, ZSTD),  # NUMERIC(30,4): fixed-size binary
     "__op": (DICT, NONE), "__deleted": (PLAIN, ZSTD),
 }
 """Every silver column: (encoding, codec)."""
@@ -173,6 +178,7 @@ def test_snapshot_files_layout_and_readers(pg_dsn, pg_conn, spark, lakehouse) ->
         _assert_layout(path, BRONZE, BRONZE_REQUIRED, BRONZE_OPTIONAL)
     for path in silver_files:
         _assert_layout(path, SILVER, SILVER_REQUIRED, SILVER_OPTIONAL)
+        assert _columns(path)["n"]["physical"] == "INT64"  # decimals up to 18 digits
 
     # The Delta tables' schemas are the committed ones: nullable where the table says so.
     silver_schema = pa.schema(DeltaTable(ctx.silver_uri).schema().to_arrow())
