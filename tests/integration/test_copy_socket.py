@@ -3,7 +3,9 @@ translated, the transaction left usable, and encrypted connections read through 
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -90,6 +92,12 @@ def test_connection_is_left_in_its_transaction(pg_dsn: str) -> None:
                                  " TO STDOUT (FORMAT binary)", got.append, threading.Event(),
                                  batch_bytes=1 << 16, label="test")
             assert sum(len(g) for g in got) == 1000
+            # the low-water mark that batches the reads is off again: libpq waits for bytes
+            probe = socket.socket(fileno=os.dup(conn.fileno()))
+            try:
+                assert probe.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+            finally:
+                probe.close()
             cur.execute("SHOW application_name")  # libpq goes on as if nothing happened
             assert cur.fetchone() == ("inside the transaction",)
         conn.rollback()
@@ -125,8 +133,6 @@ def ssl_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _give_to_postgres(certs: Path) -> None:
     """As root the server runs as ``postgres``: it must own its key."""
-    import os
-
     if os.geteuid() == 0:
         for path in (certs, *certs.iterdir()):
             shutil.chown(path, "postgres", "postgres")
