@@ -109,8 +109,9 @@ def test_connection_is_left_in_its_transaction(pg_dsn: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def ssl_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A cluster that accepts SSL (self-signed certificate)."""
+def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A cluster of this module's, accepting SSL (self-signed certificate) on TCP and plain
+    connections on its Unix socket."""
     openssl = shutil.which("openssl")
     assert openssl, "openssl is needed (scripts/setup.sh installs it)"
     root = tmp_path_factory.mktemp("ssl-cluster")
@@ -126,9 +127,14 @@ def ssl_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     _give_to_postgres(certs)
     cluster.start()
     try:
-        yield cluster.dsn + " sslmode=require"
+        yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def ssl_dsn(own_cluster: LocalCluster) -> str:
+    return own_cluster.dsn + " sslmode=require"
 
 
 def _give_to_postgres(certs: Path) -> None:
@@ -150,3 +156,15 @@ def test_ssl_connection_is_read_through_libpq(ssl_dsn: str, socket_calls: list[s
     assert socket_calls == []  # encrypted: never the raw socket
     assert len(rows) == 5000
     assert rows[41][:2] == b"\x00\x03" and b"42" in rows[41]
+
+
+def test_unix_socket_connection_is_read_from_the_socket(own_cluster: LocalCluster,
+                                                       socket_calls: list[str]) -> None:
+    dsn = f"host={own_cluster.root} port={own_cluster.port} user=postgres dbname=postgres"
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        assert conn.info.host == str(own_cluster.root) and copy_socket.plain_socket(cur)
+    query = sql.SQL("SELECT g, repeat('u', g % 300), decode({}, 'hex') "
+                    "FROM generate_series(1, 20000) g").format(sql.SQL(DECOY_HEX))
+    rows = _rows(dsn, query, socket=True)
+    assert len(socket_calls) == 1
+    assert rows == _rows(dsn, query, socket=False) and len(rows) == 20000
