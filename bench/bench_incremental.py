@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -106,6 +107,7 @@ def main(rows: int, repeats: int = 1, sizes: tuple[int, ...] = SIZES) -> None:
                   f"max {max(values):,.0f})")
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

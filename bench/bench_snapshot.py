@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -182,6 +183,7 @@ def main() -> None:
         spark.stop()
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)  # ~800 MB of data and lakehouse per run
 
 
 if __name__ == "__main__":

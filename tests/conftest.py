@@ -6,7 +6,9 @@ role allowed to create databases, slots and publications) instead of starting on
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -20,7 +22,9 @@ from pgcdc_dagster.postgres.local_cluster import LocalCluster
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="pgcdc-dagster-home-"))
+if "DAGSTER_HOME" not in os.environ:
+    os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="pgcdc-dagster-home-")
+    atexit.register(shutil.rmtree, os.environ["DAGSTER_HOME"], ignore_errors=True)
 _dagster_yaml = Path(os.environ["DAGSTER_HOME"]) / "dagster.yaml"
 if not _dagster_yaml.exists():
     _dagster_yaml.write_text("telemetry:\n  enabled: false\n")
@@ -39,6 +43,7 @@ def pg_server() -> Iterator[str]:
         yield cluster.dsn
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _with_dbname(dsn: str, dbname: str) -> str:

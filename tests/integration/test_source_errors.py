@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def test_wal_level_not_logical_is_refused_with_the_fix() -> None:
         assert "ALTER SYSTEM SET wal_level = logical" in str(err.value)
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_include_list_errors(pg_conn) -> None:
