@@ -77,7 +77,7 @@ from pgcdc_dagster.postgres.snapshot_read import (
     TableSize,
     TableVanishedError,
     block_bytes,
-    chunk_count,
+    chunk_counts,
     create_plain_slot,
     key_columns,
     plan_chunks,
@@ -300,11 +300,19 @@ class _SnapshotRun:
 
     # --- planning -----------------------------------------------------------------------
 
-    def _plan(self, conn: psycopg2.extensions.connection, name: TableName) -> TablePlan:
+    def _plans(self, conn: psycopg2.extensions.connection,
+               names: Sequence[TableName]) -> list[TablePlan]:
+        """Plans of the tables, their chunk counts chosen together (:func:`chunk_counts`)."""
+        sizes = [table_size(conn, *name) for name in names]
+        counts = chunk_counts([s.bytes for s in sizes], self.settings.snapshot_chunk_bytes,
+                              self._slots())
+        return [self._plan(conn, name, size, count)
+                for name, size, count in zip(names, sizes, counts, strict=True)]
+
+    def _plan(self, conn: psycopg2.extensions.connection, name: TableName, size: TableSize,
+              count: int) -> TablePlan:
         ctx = self.contexts[name]
         schema, table = name
-        size = table_size(conn, schema, table)
-        count = chunk_count(size.bytes, self.settings.snapshot_chunk_bytes, self._slots())
         key = self._key(conn, name)
         captured = {c.name for c in ctx.relation.columns}
         if key and (name not in self.overrides or {k.name for k in key} <= captured):
@@ -411,13 +419,13 @@ class _SnapshotRun:
         kept: dict[TableName, dict[int, ChunkDone]] = {}
         if decision.resume is None:
             snapshot_id = int(time.time() * 1000)
-            plans = [self._plan(conn, n) for n in decision.tables]
+            plans = self._plans(conn, decision.tables)
             self.log.start(snapshot_id, self.mode, decision.reason, plans)
             state = SnapshotState(snapshot_id, self.mode, [p.name for p in plans],
                                   {p.name: p for p in plans})
             return state, kept
         state = decision.resume
-        extra = [self._plan(conn, n) for n in decision.tables if n not in state.plans]
+        extra = self._plans(conn, [n for n in decision.tables if n not in state.plans])
         if extra:
             self.log.add_plans(state.snapshot_id, extra)
             for p in extra:
@@ -434,7 +442,7 @@ class _SnapshotRun:
                 self.progress(f"{name[0]}.{name[1]}: its columns, key, handling modes or "
                               "SELECT override changed since the interrupted run; reading it "
                               "again")
-                state.plans[name] = self._plan(conn, name)
+                state.plans[name] = self._plans(conn, [name])[0]
                 self.log.add_plans(state.snapshot_id, [state.plans[name]])
                 continue
             kept[name] = reusable_chunks(plan, chunks, stream_from)

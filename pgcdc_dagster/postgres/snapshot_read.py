@@ -206,12 +206,19 @@ def table_blocks(conn: psycopg2.extensions.connection, schema: str, table: str) 
     return table_size(conn, schema, table).blocks
 
 
-def chunk_count(table_bytes: int, chunk_bytes: int, slots: int) -> int:
-    """How many chunks a table is read in: one per ``chunk_bytes`` of heap, and at least one
-    per task slot while each chunk keeps :data:`PARALLEL_MIN_CHUNK_BYTES` (so a table read
-    alone uses every core, not one)."""
-    by_size = max(1, -(-table_bytes // max(chunk_bytes, 1)))
-    return max(by_size, min(slots, table_bytes // PARALLEL_MIN_CHUNK_BYTES))
+def chunk_counts(table_bytes: Sequence[int], chunk_bytes: int, slots: int) -> list[int]:
+    """How many chunks each table is read in: one per ``chunk_bytes`` of heap; and while the
+    snapshot has fewer chunks than task slots, the table with the most heap per chunk is
+    split once more, as long as each of its chunks keeps :data:`PARALLEL_MIN_CHUNK_BYTES`
+    (so a snapshot of one or a few tables uses every core, and many tables are not split
+    for nothing)."""
+    counts = [max(1, -(-size // max(chunk_bytes, 1))) for size in table_bytes]
+    while counts and sum(counts) < slots:
+        best = max(range(len(counts)), key=lambda i: table_bytes[i] / (counts[i] + 1))
+        if table_bytes[best] // (counts[best] + 1) < PARALLEL_MIN_CHUNK_BYTES:
+            break
+        counts[best] += 1
+    return counts
 
 
 def plan_chunks(schema: str, table: str, blocks: int, blocks_per_chunk: int) -> list[Chunk]:

@@ -22,7 +22,7 @@ from pgcdc_dagster.postgres.snapshot_read import (
     Chunk,
     TableVanishedError,
     block_bytes,
-    chunk_count,
+    chunk_counts,
     chunk_query,
     key_columns,
     plan_chunks,
@@ -221,11 +221,15 @@ def test_a_table_read_alone_is_spread_over_the_slots(pg_dsn, pg_conn, spark, lak
     assert alone.chunks_read == 1 and alone.rows_read == 150000
 
 
-def test_chunk_count() -> None:
+def test_chunk_counts() -> None:
     mib = 1 << 20
-    assert chunk_count(0, 64 * mib, 4) == 1
-    assert chunk_count(10 * mib, 64 * mib, 4) == 1  # too small to spread
-    assert chunk_count(20 * mib, 64 * mib, 4) == 2
-    assert chunk_count(50 * mib, 64 * mib, 4) == 4
-    assert chunk_count(50 * mib, 64 * mib, 1) == 1
-    assert chunk_count(1000 * mib, 64 * mib, 4) == 16  # by size
+    assert chunk_counts([], 64 * mib, 4) == []
+    assert chunk_counts([0], 64 * mib, 4) == [1]
+    assert chunk_counts([10 * mib], 64 * mib, 4) == [1]  # too small to spread
+    assert chunk_counts([20 * mib], 64 * mib, 4) == [2]
+    assert chunk_counts([50 * mib], 64 * mib, 4) == [4]
+    assert chunk_counts([50 * mib], 64 * mib, 1) == [1]
+    assert chunk_counts([1000 * mib], 64 * mib, 4) == [16]  # by size
+    assert chunk_counts([50 * mib, 5 * mib], 64 * mib, 4) == [3, 1]  # the biggest first
+    assert chunk_counts([20 * mib] * 100, 64 * mib, 2) == [1] * 100  # enough chunks already
+    assert chunk_counts([93 * mib, 93 * mib], 64 * mib, 2) == [2, 2]
