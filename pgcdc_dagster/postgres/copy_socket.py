@@ -71,11 +71,21 @@ def _query_message(conn: psycopg2.extensions.connection, text: str) -> bytes:
     return b"Q" + struct.pack("!i", len(payload) + 4) + payload
 
 
+MAX_MESSAGE = (1 << 30) + 64
+"""PostgreSQL builds a COPY row in one buffer of at most 1 GiB: a longer message is damage."""
+
+
 def _needed(buf: bytearray, pos: int, filled: int) -> int:
-    """Bytes the message at ``pos`` needs in all (0 while its length is not in yet)."""
+    """Bytes the message at ``pos`` needs in all (0 while its length is not in yet).
+
+    Raises:
+        DecodeError: a length no server sends.
+    """
     if filled - pos < 5:
         return 0
     (length,) = struct.unpack_from("!i", buf, pos + 1)
+    if not 4 <= length <= MAX_MESSAGE:
+        raise DecodeError(f"protocol message {chr(buf[pos])!r} with length {length}")
     return int(length) + 1
 
 

@@ -127,3 +127,13 @@ def test_fields_of_framed_rows_decode() -> None:
     rows = cc.split_fields(cc.RowSpans(buf, starts, ends), NCOLS)
     assert cc.fixed_values(rows, 0, ">i8").tolist() == [*range(40), 0, -1]
     assert cc.string_values(rows, 1).to_pylist()[40:] == [None, "d" * 30]
+
+
+def test_the_socket_reader_refuses_impossible_message_lengths() -> None:
+    from pgcdc_dagster.postgres.copy_socket import _needed
+
+    assert _needed(bytearray(b"d\x00\x00\x00\x10xx"), 0, 7) == 17
+    assert _needed(bytearray(b"d\x00\x00"), 0, 3) == 0  # the length is not in yet
+    for length in (b"\x7f\xff\xff\xff", b"\x00\x00\x00\x02", b"\xff\xff\xff\xff"):
+        with pytest.raises(DecodeError, match="protocol message 'd' with length"):
+            _needed(bytearray(b"d" + length), 0, 5)
