@@ -8,6 +8,7 @@ under ``.demo/`` in the working directory; each run starts from a fresh database
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
 import shutil
@@ -132,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.dir).resolve()
     lakehouse = str(root / "lakehouse")
     shutil.rmtree(lakehouse, ignore_errors=True)
-    os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="pgcdc-demo-dagster-"))
+    if "DAGSTER_HOME" not in os.environ:  # a throwaway instance, removed at exit
+        os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="pgcdc-demo-dagster-")
+        atexit.register(shutil.rmtree, os.environ["DAGSTER_HOME"], ignore_errors=True)
     Path(os.environ["DAGSTER_HOME"], "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     print(f"demo: starting PostgreSQL under {root / 'pg'}")
     cluster = LocalCluster(root / "pg").start()
