@@ -31,17 +31,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from pgcdc_dagster.cdc.pgcopy import SIGNATURE
+from pgcdc_dagster.cdc.pgcopy import TRAILER, header_length
 from pgcdc_dagster.exceptions import DecodeError
 
 Ints = npt.NDArray[np.int64]
 Bytes = npt.NDArray[np.uint8]
 
 _D = ord("d")
-_HEADER = struct.Struct(">11sii")
 _INT32 = struct.Struct(">i")
 _INT16 = struct.Struct(">h")
-_TRAILER = b"\xff\xff"
 READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
 """A ``ReadyForQuery`` message up to its status byte: the last message of the reply."""
 _IGNORED = frozenset(b"NSA")
@@ -182,21 +180,15 @@ class CopyOutFramer:
         if not self._copying:
             raise DecodeError(f"{self.label}: CopyData before CopyOutResponse")
         if not self._header:
-            head = body[:_HEADER.size].tobytes()
-            if len(head) < _HEADER.size or not head.startswith(SIGNATURE):
-                raise DecodeError(f"{self.label}: the COPY stream does not start with the "
-                                  "binary signature")
-            _sig, flags, extension = _HEADER.unpack(head)
-            if flags & (1 << 16):
-                raise DecodeError(f"{self.label}: binary COPY with OIDs is not supported")
+            skip = header_length(body.tobytes(), self.label)
             self._header = True
-            start += _HEADER.size + extension
-            body = body[_HEADER.size + extension:]
+            start += skip
+            body = body[skip:]
             if not len(body):
                 return
         if self._trailer:
             raise DecodeError(f"{self.label}: data after the binary COPY trailer")
-        if body.tobytes() == _TRAILER:
+        if body.tobytes() == TRAILER:
             self._trailer = True
             return
         count = _INT16.unpack(body[:2].tobytes())[0] if len(body) >= 2 else -2

@@ -24,6 +24,25 @@ _HEADER = struct.Struct(">11sii")  # signature, flags, header extension length
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _FLAG_OIDS = 1 << 16
+TRAILER = b"\xff\xff"
+"""The stream's end: a field count of -1."""
+
+
+def header_length(data: bytes, label: str) -> int:
+    """Bytes of the stream header at the start of ``data`` (which holds all of it): the
+    signature, the flags and the header extension.
+
+    Raises:
+        DecodeError: no binary signature, the OIDs flag, or a header cut short.
+    """
+    if len(data) < _HEADER.size or not data.startswith(SIGNATURE):
+        raise DecodeError(f"{label}: the COPY stream does not start with the binary signature")
+    _sig, flags, extension = _HEADER.unpack_from(data)
+    if flags & _FLAG_OIDS:
+        raise DecodeError(f"{label}: binary COPY with OIDs is not supported")
+    if not 0 <= extension <= len(data) - _HEADER.size:
+        raise DecodeError(f"{label}: header extension length {extension} past the data")
+    return int(_HEADER.size + extension)
 
 Field = bytes | None
 CopyTuple = tuple[Field, ...]

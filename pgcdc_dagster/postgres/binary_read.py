@@ -14,7 +14,6 @@ error translation are those of the text reader
 from __future__ import annotations
 
 import queue
-import struct
 import threading
 from collections.abc import Iterator
 
@@ -23,16 +22,13 @@ import psycopg2.errors
 from psycopg2 import sql
 
 from pgcdc_dagster.cdc.copy_columns import RowSpans, join_rows
-from pgcdc_dagster.cdc.pgcopy import SIGNATURE
-from pgcdc_dagster.exceptions import DecodeError
+from pgcdc_dagster.cdc.pgcopy import TRAILER, header_length
 from pgcdc_dagster.postgres import copy_socket
 from pgcdc_dagster.postgres.connection import connect
 from pgcdc_dagster.postgres.snapshot_read import _translate, set_session
 
 BATCH_BYTES = 8 << 20
 """Row bytes per batch handed to the caller."""
-_HEADER = struct.Struct(">11sii")
-_TRAILER = b"\xff\xff"
 
 
 USE_SOCKET = True
@@ -79,24 +75,15 @@ class _Batches:
     def flush(self) -> None:
         rows = self.rows
         if rows and self.first:
-            rows[0] = _strip_header(rows[0], self.label)
-            if rows[0] in (b"", _TRAILER):  # no row: the header came with the trailer
+            rows[0] = rows[0][header_length(rows[0], self.label):]
+            if rows[0] in (b"", TRAILER):  # no row: the header came with the trailer
                 rows.pop(0)
             self.first = False
-        if rows and rows[-1] == _TRAILER:
+        if rows and rows[-1] == TRAILER:
             rows.pop()
         if rows:
             self.out.put(join_rows(rows))
         self.rows, self.size = [], 0
-
-
-def _strip_header(first: bytes, label: str) -> bytes:
-    if len(first) < _HEADER.size or not first.startswith(SIGNATURE):
-        raise DecodeError(f"{label}: the COPY stream does not start with the binary signature")
-    _sig, flags, extension = _HEADER.unpack_from(first)
-    if flags & (1 << 16):
-        raise DecodeError(f"{label}: binary COPY with OIDs is not supported")
-    return first[_HEADER.size + extension:]
 
 
 def read_binary_rows(dsn: str, snapshot_name: str | None, query: sql.Composable, *,
