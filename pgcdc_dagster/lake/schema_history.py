@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from pgcdc_dagster.cdc.changes import Relation
+from pgcdc_dagster.cdc.quoting import sql_ident, sql_literal
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.delta import ensure_table, open_table
 from pgcdc_dagster.lake.paths import table_uri
@@ -138,8 +139,8 @@ class HistoryRecorder:
         if entries:
             delta = open_table(self.uri)
             if delta is not None:
-                delta.delete(f"schema = {_literal(self.schema)} AND "
-                             f"\"table\" = {_literal(self.table)}")
+                delta.delete(f"{sql_ident('schema')} = {sql_literal(self.schema)} AND "
+                             f"{sql_ident('table')} = {sql_literal(self.table)}")
             entries.clear()
         self.record(shape, 0, 0)
 
@@ -161,8 +162,3 @@ class HistoryRecorder:
         keys = [(e.lsn, e.ordinal) for e in entries]
         entries.insert(bisect.bisect_right(keys, (entry.lsn, entry.ordinal)), entry)
         return True
-
-
-def _literal(value: str) -> str:
-    """A SQL string literal for a delta-rs predicate (quotes doubled)."""
-    return "'" + value.replace("'", "''") + "'"

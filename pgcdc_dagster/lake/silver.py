@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 
 from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.column_versions import silver_values
+from pgcdc_dagster.cdc.quoting import sql_column, sql_ident, sql_literal
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.delta import commit_files, commit_properties, ensure_table, write_part
 from pgcdc_dagster.lake.evolution import evolve, with_table_metadata
@@ -31,8 +32,13 @@ META_FIELDS = (
     pa.field("__deleted", pa.bool_(), nullable=False),
 )
 META_NAMES = tuple(f.name for f in META_FIELDS)
-_SEQ_NEWER = ("(s.__commit_lsn > t.__commit_lsn) OR "
-              "(s.__commit_lsn = t.__commit_lsn AND s.__ordinal > t.__ordinal)")
+TOAST_UNCHANGED = "__toast_unchanged"
+"""The MERGE source's column listing, per row, the columns whose stored value is kept."""
+RESERVED_NAMES = (*META_NAMES, TOAST_UNCHANGED)
+"""Names a source column cannot have in silver (see :func:`reserved_columns`)."""
+_S_LSN, _T_LSN = sql_column("s", "__commit_lsn"), sql_column("t", "__commit_lsn")
+_S_ORD, _T_ORD = sql_column("s", "__ordinal"), sql_column("t", "__ordinal")
+_SEQ_NEWER = f"({_S_LSN} > {_T_LSN}) OR ({_S_LSN} = {_T_LSN} AND {_S_ORD} > {_T_ORD})"
 
 
 def silver_schema(relation: Relation, converters: Sequence[ColumnConverter]) -> pa.Schema:
@@ -91,8 +97,10 @@ def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation
     props = commit_properties(app_id, version, metadata)
     if truncate_seq is not None:
         lsn, ordinal = truncate_seq
+        lsn_col, ord_col = sql_ident("__commit_lsn"), sql_ident("__ordinal")
         result = table.delete(
-            predicate=f"__commit_lsn < {lsn} OR (__commit_lsn = {lsn} AND __ordinal < {ordinal})",
+            predicate=(f"{lsn_col} < {int(lsn)} OR "
+                       f"({lsn_col} = {int(lsn)} AND {ord_col} < {int(ordinal)})"),
             commit_properties=props if rows.num_rows == 0 else None,
         )
         counts["deleted_by_truncate"] = int(result.get("num_deleted_rows", 0))
@@ -121,18 +129,10 @@ def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation
                      metadata=metadata)
         counts["inserted"] = rows.num_rows
         return counts
-    source = rows.append_column("__toast_unchanged", toast_unchanged)
+    source = rows.append_column(TOAST_UNCHANGED, toast_unchanged)
     predicate = key_predicate(keys, [rows.schema.field(k).nullable for k in keys])
-    toast = set(toastable)
-    updates = {}
-    for name in rows.column_names:
-        q = _q(name)
-        if name in toast:
-            updates[q] = (f"CASE WHEN array_has(s.__toast_unchanged, '{name}') "
-                          f"THEN t.{q} ELSE s.{q} END")
-        else:
-            updates[q] = f"s.{q}"
-    inserts = {_q(n): f"s.{_q(n)}" for n in rows.column_names}
+    updates = merge_updates(rows.column_names, toastable)
+    inserts = {sql_ident(n): sql_column("s", n) for n in rows.column_names}
     result = (
         table.merge(source, predicate=predicate, source_alias="s", target_alias="t",
                     merge_schema=True, commit_properties=props)
@@ -156,8 +156,29 @@ def key_predicate(keys: Sequence[str], nullable: Sequence[bool]) -> str:
     AND c`` as ``a IS NOT DISTINCT FROM (b AND c)``.
     """
     if not any(nullable):
-        return " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
-    return " AND ".join(f"(t.{_q(k)} IS NOT DISTINCT FROM s.{_q(k)})" for k in keys)
+        return " AND ".join(f"{sql_column('t', k)} = {sql_column('s', k)}" for k in keys)
+    return " AND ".join(f"({sql_column('t', k)} IS NOT DISTINCT FROM {sql_column('s', k)})"
+                        for k in keys)
+
+
+def merge_updates(columns: Sequence[str], toastable: Sequence[str]) -> dict[str, str]:
+    """The MERGE's update expressions: the source's value, or for a TOAST-able column the
+    stored one when the row lists the column in ``__toast_unchanged``.
+
+    Every name is a quoted identifier, and the list membership test compares with a string
+    literal: a column name is never read as SQL (issue 18 item 3).
+    """
+    toast = set(toastable)
+    unchanged = sql_column("s", TOAST_UNCHANGED)
+    updates = {}
+    for name in columns:
+        if name in toast:
+            updates[sql_ident(name)] = (
+                f"CASE WHEN array_has({unchanged}, {sql_literal(name)}) "
+                f"THEN {sql_column('t', name)} ELSE {sql_column('s', name)} END")
+        else:
+            updates[sql_ident(name)] = sql_column("s", name)
+    return updates
 
 
 def _new_keys_only(table: DeltaTable, rows: pa.Table, keys: Sequence[str]) -> bool:
@@ -189,11 +210,6 @@ def _new_keys_only(table: DeltaTable, rows: pa.Table, keys: Sequence[str]) -> bo
         if a is None or b is None or not (b < lo or a > hi):
             return False
     return True
-
-
-def _q(name: str) -> str:
-    """Quote a column name for delta-rs SQL expressions."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def live_rows(uri: str) -> pa.Table:

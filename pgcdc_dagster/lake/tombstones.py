@@ -13,6 +13,7 @@ from __future__ import annotations
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from pgcdc_dagster.cdc.quoting import sql_ident
 from pgcdc_dagster.lake.delta import commit_properties, open_table
 
 PURGE_APP_SUFFIX = ":tombstones"
@@ -43,7 +44,7 @@ def purge_tombstones(uri: str, older_than_ms: int, *, app_id: str) -> int:
         return 0
     cutoff = int(older_than_ms)
     metrics = table.delete(
-        f"__deleted AND __source_ts_ms < {cutoff}",
+        f"{sql_ident('__deleted')} AND {sql_ident('__source_ts_ms')} < {cutoff}",
         commit_properties=commit_properties(app_id + PURGE_APP_SUFFIX, cutoff,
                                             {"pgcdc.kind": "tombstone_purge",
                                              "pgcdc.older_than_ms": str(cutoff)}))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from pgcdc_dagster.cdc.quoting import spark_path
 from pgcdc_dagster.cdc.silver_batch import OUTPUT_COLUMNS, PreparedBatch, SilverLookup
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def prepare(spark: SparkSession, files: Sequence[str], key_columns: Sequence[str
         "op", "__commit_lsn", "__ordinal",
         F.col("source.lsn").alias("__lsn"), F.col("source.ts_ms").alias("__source_ts_ms"),
         "__toast_unchanged",
-        *[F.col(f"key.{k}").alias(f"__k_{i}") for i, k in enumerate(key_columns)],
+        *[F.col(spark_path("key", k)).alias(f"__k_{i}") for i, k in enumerate(key_columns)],
     )
     keys = [f"__k_{i}" for i in range(len(key_columns))]
     ordered = Window.partitionBy(*keys).orderBy(*_seq())
@@ -62,18 +63,22 @@ def prepare(spark: SparkSession, files: Sequence[str], key_columns: Sequence[str
                                           .otherwise(0)).over(upto))
     in_life = Window.partitionBy(*keys, "__life").orderBy(*_seq()).rowsBetween(
         Window.unboundedPreceding, Window.currentRow)
+    # Fill columns are numbered, never named after a source column (whose name may hold
+    # dots or backticks, or equal another's but for case: Spark resolves names without case).
+    fill_of = {col: _fill(i) for i, col in enumerate(toastable)}
     fills = {}
     for col in toastable:
         flagged = F.array_contains(F.coalesce("__toast_unchanged", F.array().cast("array<string>")),
-                                   col)
-        known = F.when(~flagged & (F.col("op") != "d"), F.struct(F.col(f"image.{col}").alias("v")))
+                                   F.lit(col))
+        known = F.when(~flagged & (F.col("op") != "d"),
+                       F.struct(F.col(spark_path("image", col)).alias("v")))
         fills[col] = F.last(known, ignorenulls=True).over(in_life)
     rows = rows.withColumn("__rank", F.row_number().over(
         Window.partitionBy(*keys).orderBy(*[c.desc() for c in _seq()])))
     rows = rows.withColumn("__life_lsn", F.first("__commit_lsn").over(in_life)) \
         .withColumn("__life_ordinal", F.first("__ordinal").over(in_life))
     for col, expr in fills.items():
-        rows = rows.withColumn(f"__fill_{col}", expr)
+        rows = rows.withColumn(fill_of[col], expr)
     latest = rows.where(F.col("__rank") == 1)
     move_cols = ["__life", "__life_lsn", "__life_ordinal", *keys]
     if toastable:
@@ -81,13 +86,13 @@ def prepare(spark: SparkSession, files: Sequence[str], key_columns: Sequence[str
         patched = []
         for name in image_fields:
             if name in fills:
-                patched.append(F.when(F.col(f"__fill_{name}").isNotNull(),
-                                      F.col(f"__fill_{name}.v"))
-                               .otherwise(F.col(f"image.{name}")).alias(name))
+                patched.append(F.when(F.col(fill_of[name]).isNotNull(),
+                                      F.col(spark_path(fill_of[name], "v")))
+                               .otherwise(F.col(spark_path("image", name))).alias(name))
             else:
-                patched.append(F.col(f"image.{name}").alias(name))
+                patched.append(F.col(spark_path("image", name)).alias(name))
         still = F.filter(F.coalesce("__toast_unchanged", F.array().cast("array<string>")),
-                         lambda c: _not_filled(c, list(fills)))
+                         lambda c: _not_filled(c, fill_of))
         latest = latest.select(
             F.when(F.col("image").isNull(), F.lit(None)).otherwise(F.struct(*patched))
             .alias("image"),
@@ -100,11 +105,16 @@ def prepare(spark: SparkSession, files: Sequence[str], key_columns: Sequence[str
     table = latest.toArrow()
     lookups: tuple[SilverLookup, ...] = ()
     if toastable:
-        table, lookups = _resolve_moves(rows, table, keys, list(fills))
+        table, lookups = _resolve_moves(rows, table, keys, fill_of)
     return PreparedBatch(table.select(list(OUTPUT_COLUMNS)), truncate_seq, events, lookups)
 
 
-def _resolve_moves(rows: DataFrame, table: pa.Table, keys: list[str], toastable: list[str]
+def _fill(index: int) -> str:
+    """The batch column holding the newest known value of the index-th TOAST-able column."""
+    return f"__fill_{index}"
+
+
+def _resolve_moves(rows: DataFrame, table: pa.Table, keys: list[str], fill_of: dict[str, str]
                    ) -> tuple[pa.Table, tuple[SilverLookup, ...]]:
     """Fill the gaps of winners whose life began with a key change in this batch.
 
@@ -125,7 +135,7 @@ def _resolve_moves(rows: DataFrame, table: pa.Table, keys: list[str], toastable:
     seqs = rows.where((F.col("op") == "c") & has_gap).select("__commit_lsn", "__ordinal")
     partners = (rows.where(F.col("op") == "d").join(seqs, ["__commit_lsn", "__ordinal"])
                 .select("__commit_lsn", "__ordinal", "__life", "__life_lsn", "__life_ordinal",
-                        *keys, *[f"__fill_{c}" for c in toastable]).toArrow().to_pylist())
+                        *keys, *fill_of.values()).toArrow().to_pylist())
     by_seq: dict[tuple[int, int], list[dict[str, object]]] = {}
     for d in partners:
         by_seq.setdefault((int(d["__commit_lsn"]), int(d["__ordinal"])), []).append(d)
@@ -136,8 +146,8 @@ def _resolve_moves(rows: DataFrame, table: pa.Table, keys: list[str], toastable:
         start = (int(table["__life_lsn"][i].as_py()), int(table["__life_ordinal"][i].as_py()))
         left = list(unchanged[i] or [])
         image = dict(images[i] or {})
-        for col in [c for c in left if c in toastable]:
-            kind, value, old, seq = _walk(by_seq, keys, col, key, start)
+        for col in [c for c in left if c in fill_of]:
+            kind, value, old, seq = _walk(by_seq, keys, fill_of[col], key, start)
             if kind == "found":
                 image[col] = value
                 left.remove(col)
@@ -152,18 +162,19 @@ def _resolve_moves(rows: DataFrame, table: pa.Table, keys: list[str], toastable:
     return table, tuple(lookups)
 
 
-def _walk(by_seq: dict[tuple[int, int], list[dict[str, object]]], names: list[str], col: str,
+def _walk(by_seq: dict[tuple[int, int], list[dict[str, object]]], names: list[str], fill: str,
           key: tuple[object, ...], start: tuple[int, int]
           ) -> tuple[str, object, tuple[object, ...] | None, tuple[int, int]]:
-    """Follow key changes back from a life that began at ``start`` (a create with a gap)."""
+    """Follow key changes back from a life that began at ``start`` (a create with a gap);
+    ``fill`` is the column's fill column."""
     for _ in range(64):
         partner = next((d for d in by_seq.get(start, [])
                         if tuple(d[k] for k in names) != key), None)
         if partner is None:
             return "nowhere", None, None, start
-        fill = partner[f"__fill_{col}"]
-        if isinstance(fill, dict):  # a struct: its value may itself be NULL
-            return "found", fill["v"], None, start
+        value = partner[fill]
+        if isinstance(value, dict):  # a struct: its value may itself be NULL
+            return "found", value["v"], None, start
         old = tuple(partner[k] for k in names)
         if not partner["__life"]:  # the old key's life began before the batch
             return "before", None, old, start
@@ -172,11 +183,11 @@ def _walk(by_seq: dict[tuple[int, int], list[dict[str, object]]], names: list[st
     return "nowhere", None, None, start
 
 
-def _not_filled(col: SparkColumn, filled: list[str]) -> SparkColumn:
+def _not_filled(col: SparkColumn, fill_of: dict[str, str]) -> SparkColumn:
     """Element filter for ``__toast_unchanged``: keep names whose gap no event filled."""
     from pyspark.sql import functions as F
 
     cond = F.lit(True)
-    for name in filled:
-        cond = cond & ~((col == name) & F.col(f"__fill_{name}").isNotNull())
+    for name, fill in fill_of.items():
+        cond = cond & ~((col == F.lit(name)) & F.col(fill).isNotNull())
     return cond
