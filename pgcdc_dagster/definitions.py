@@ -39,6 +39,7 @@ _CAPTURE_ENV = {
 _CAPTURE_INT_ENV = {
     "incremental_snapshot_chunk_size": "PGCDC_INCREMENTAL_CHUNK_SIZE",
     "tombstone_retention_hours": "PGCDC_TOMBSTONE_RETENTION_HOURS",
+    "incremental_statement_timeout_ms": "PGCDC_INCREMENTAL_STATEMENT_TIMEOUT_MS",
 }
 
 

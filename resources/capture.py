@@ -5,7 +5,11 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
-from pgcdc_dagster.capture.settings import DEFAULT_INCREMENTAL_CHUNK_SIZE, CaptureSettings
+from pgcdc_dagster.capture.settings import (
+    DEFAULT_INCREMENTAL_CHUNK_SIZE,
+    DEFAULT_STATEMENT_TIMEOUT_MS,
+    CaptureSettings,
+)
 from pgcdc_dagster.cdc.column_options import ColumnOptions
 from pgcdc_dagster.cdc.typeconv import TypeModes
 
@@ -140,6 +144,13 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         "signalling table <schema>.<table> (columns id, type, data) that signal_table_sensor "
         "polls; empty: no signalling table.")
 
+    incremental_statement_timeout_ms: int = Field(
+        default=DEFAULT_STATEMENT_TIMEOUT_MS,
+        description="statement_timeout (PGCDC_INCREMENTAL_STATEMENT_TIMEOUT_MS) of every "
+        "statement that runs user SQL: the check and the chunk queries of an "
+        "additional-conditions filter, the check and the snapshot chunk reads of a "
+        "snapshot.select.statement.overrides SELECT. 0: no timeout.")
+
     def settings(self, dsn: str, lakehouse: str) -> CaptureSettings:
         """The engine's settings for this capture."""
         modes = TypeModes(
@@ -176,6 +187,7 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             heartbeat_action_query=self.heartbeat_action_query,
             incremental_chunk_size=self.incremental_snapshot_chunk_size,
             signal_data_collection=self.signal_data_collection,
+            incremental_statement_timeout_ms=self.incremental_statement_timeout_ms,
         )
 
     def column_options(self) -> tuple[tuple[str, str], ...]:

@@ -37,7 +37,6 @@ from pgcdc_dagster.cdc.dblog import (
     ChunkWindow,
     Signal,
     Watermark,
-    condition_for,
     matching_tables,
     parse_signal,
 )
@@ -56,7 +55,7 @@ from pgcdc_dagster.postgres.chunks import (
 )
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import current_database
-from pgcdc_dagster.postgres.signals import validate_condition
+from pgcdc_dagster.postgres.signals import canonical_condition, validate_condition
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +89,10 @@ def apply_signal(settings: CaptureSettings, signal: Signal, *,
 
     Raises:
         ConfigurationError: a refused ``additional-conditions`` or ``surrogate-key``.
+
+    Each filter is checked on its own (``postgres.signals.validate_condition``: parsed by
+    PostgreSQL's parser against the filter grammar, then EXPLAINed READ ONLY); what is stored
+    and later run is the canonical text of the filters ANDed, never the text as sent.
     """
     chunk_size = chunk_size or settings.incremental_chunk_size
     store = ProgressStore(settings.lakehouse, settings.slot)
@@ -106,10 +109,12 @@ def apply_signal(settings: CaptureSettings, signal: Signal, *,
         with connection(settings.dsn) as conn:
             for name in tables:
                 ctx = by_name[name]
-                for pattern, raw in signal.additional_conditions:
-                    if matching_tables([pattern], [name]):  # each filter on its own
-                        validate_condition(conn, name[0], name[1], raw)
-                cond = condition_for(signal, name)
+                checked = [validate_condition(conn, name[0], name[1], raw,
+                                              timeout_ms=settings.incremental_statement_timeout_ms)
+                           for pattern, raw in signal.additional_conditions
+                           if matching_tables([pattern], [name])]  # each filter on its own
+                cond = canonical_condition(conn, name[0], name[1], " AND ".join(checked)) \
+                    if checked else None
                 order_columns(conn, name[0], name[1], ctx.relation.key_names,
                               signal.surrogate_key)
                 fresh.append(TableProgress(
@@ -198,11 +203,24 @@ class _Driver:
             int, list[Row], list[str | None] | None, float]]] | None = None
 
     def _spec(self, p: TableProgress) -> ChunkSpec:
+        """What the next chunk reads. A stored filter is checked again (parsed, written out
+        canonically) before it is run: the progress store is a file anyone with access to
+        the lakehouse could edit, and a snapshot may have been requested by an older
+        version."""
         ctx = self.contexts[p.qualified]
         order, nullable = ordering(self.conn, *p.qualified, ctx.relation.key_names,
                                    p.surrogate_key)
+        condition = None
+        if p.condition:
+            try:
+                condition = canonical_condition(self.conn, *p.qualified, p.condition)
+            except ConfigurationError as exc:
+                raise ConfigurationError(
+                    f"incremental snapshot of {p.table}: its stored filter is refused ({exc}). "
+                    "Send stop-snapshot for the table, then execute-snapshot with an allowed "
+                    "filter.") from None
         return ChunkSpec(*p.qualified, tuple(c.name for c in ctx.relation.columns), order,
-                         p.condition, nullable)
+                         condition, nullable, self.settings.incremental_statement_timeout_ms)
 
     def confirm(self, upto: Lsn | None = None) -> None:
         """The window that carried the last closed chunk is committed."""

@@ -8,6 +8,9 @@ from pgcdc_dagster.cdc.typeconv import TypeModes
 
 DEFAULT_INCREMENTAL_CHUNK_SIZE = 65536
 """``incremental.snapshot.chunk.size`` default, measured (docs/incremental.md)."""
+DEFAULT_STATEMENT_TIMEOUT_MS = 600_000
+"""Default ``statement_timeout`` of statements that run user SQL (10 minutes: far above a
+chunk's read, short enough that a runaway filter does not hold the slot for hours)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,10 @@ class CaptureSettings:
     """``incremental.snapshot.chunk.size``: rows per incremental-snapshot chunk."""
     signal_data_collection: str = ""
     """``signal.data.collection``: the signalling table ``schema.table`` (empty: none)."""
+    incremental_statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
+    """``statement_timeout`` of the statements that run an ``additional-conditions`` filter
+    (its check, the chunk queries) or a ``snapshot.select.statement.overrides`` SELECT
+    (its check, the snapshot chunk reads); 0: none."""
 
     @property
     def app_prefix(self) -> str:

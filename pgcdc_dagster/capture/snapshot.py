@@ -232,8 +232,9 @@ class _SnapshotRun:
                     f"snapshot.select.statement.overrides names {name!r}, which is not a "
                     "captured table (use schema.table of a table in table.include.list)")
             cols = [(c.name, c.type_oid) for c in ctx.relation.columns]
-            self.overrides[(schema, table)] = validate_override(conn, schema, table, select,
-                                                                cols)
+            self.overrides[(schema, table)] = validate_override(
+                conn, schema, table, select, cols,
+                timeout_ms=self.settings.incremental_statement_timeout_ms)
 
     # --- the step -----------------------------------------------------------------------
 
@@ -478,7 +479,9 @@ class _SnapshotRun:
                     first_marker=first if chunk.index == 0 else None,
                     last_marker=last if chunk.index == final else None,
                     block_size=fetch, file_prefix=f"snap{state.snapshot_id}",
-                    binary=self.settings.snapshot_binary))
+                    binary=self.settings.snapshot_binary,
+                    statement_timeout_ms=self.settings.incremental_statement_timeout_ms
+                    if name in self.overrides else 0))
         return tasks
 
     # --- committing ---------------------------------------------------------------------

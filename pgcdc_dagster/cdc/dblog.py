@@ -320,11 +320,3 @@ def matching_tables(patterns: Sequence[str], tables: Iterable[tuple[str, str]]
     """Captured tables whose ``schema.table`` fully matches one of the patterns."""
     regexes = [re.compile(collection_regex(p)) for p in patterns]
     return [t for t in tables if any(r.fullmatch(f"{t[0]}.{t[1]}") for r in regexes)]
-
-
-def condition_for(signal: Signal, table: tuple[str, str]) -> str | None:
-    """The additional condition(s) for a table, ANDed, or None."""
-    conds = [f for p, f in signal.additional_conditions if matching_tables([p], [table])]
-    if not conds:
-        return None
-    return " AND ".join(f"({c})" for c in conds)

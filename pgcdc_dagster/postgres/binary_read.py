@@ -25,7 +25,7 @@ from pgcdc_dagster.cdc.copy_columns import RowSpans, join_rows
 from pgcdc_dagster.cdc.pgcopy import TRAILER, header_length
 from pgcdc_dagster.postgres import copy_socket
 from pgcdc_dagster.postgres.connection import connect
-from pgcdc_dagster.postgres.snapshot_read import _translate, set_session
+from pgcdc_dagster.postgres.snapshot_read import _translate, set_session, set_timeout, timed_out
 
 BATCH_BYTES = 8 << 20
 """Row bytes per batch handed to the caller."""
@@ -88,12 +88,14 @@ class _Batches:
 
 def read_binary_rows(dsn: str, snapshot_name: str | None, query: sql.Composable, *,
                      batch_bytes: int = BATCH_BYTES,
-                     label: str = "snapshot read") -> Iterator[RowSpans]:
+                     label: str = "snapshot read",
+                     statement_timeout_ms: int = 0) -> Iterator[RowSpans]:
     """Yield the query's rows in batches of binary COPY tuples (header and trailer
     removed).
 
     With ``snapshot_name`` the query runs in a REPEATABLE READ READ ONLY transaction that
-    imports that exported snapshot. ``label`` names the work in error messages.
+    imports that exported snapshot. ``label`` names the work in error messages;
+    ``statement_timeout_ms`` > 0 cancels the query after that long (an override).
 
     Raises:
         TableVanishedError: the table or a column no longer exists.
@@ -114,6 +116,8 @@ def read_binary_rows(dsn: str, snapshot_name: str | None, query: sql.Composable,
                 if snapshot_name:
                     cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
                 set_session(cur)
+                if statement_timeout_ms:
+                    set_timeout(cur, statement_timeout_ms)
                 if USE_SOCKET and copy_socket.plain_socket(cur):
                     clean[0] = False
                     try:
@@ -147,6 +151,8 @@ def read_binary_rows(dsn: str, snapshot_name: str | None, query: sql.Composable,
             exc = failure[0]
             if isinstance(exc, copy_socket.ServerErrorResponse):
                 exc = _server_error(exc)
+            if isinstance(exc, psycopg2.errors.QueryCanceled) and statement_timeout_ms:
+                raise timed_out(exc, label, statement_timeout_ms) from None
             if isinstance(exc, psycopg2.Error):
                 raise _translate(exc, label) from None
             raise exc

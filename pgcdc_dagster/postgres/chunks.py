@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import psycopg2.errors
 import psycopg2.extensions
 import pyarrow as pa
 from psycopg2 import sql
@@ -37,7 +38,12 @@ from psycopg2 import sql
 from pgcdc_dagster.cdc.changes import Row
 from pgcdc_dagster.cdc.dblog import WATERMARK_PREFIX, Watermark
 from pgcdc_dagster.exceptions import ConfigurationError
-from pgcdc_dagster.postgres.snapshot_read import KeyColumn, read_text_batches
+from pgcdc_dagster.postgres.snapshot_read import (
+    KeyColumn,
+    read_text_batches,
+    set_timeout,
+    timed_out,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +57,12 @@ class ChunkSpec:
     order: tuple[KeyColumn, ...]
     """Ordering key: the surrogate key (if any) then the primary key columns."""
     condition: str | None = None
-    """A validated ``additional-conditions`` filter (see ``postgres.signals``)."""
+    """The canonical text of a checked ``additional-conditions`` filter (see
+    ``postgres.signals``; never a user's text)."""
     nullable: frozenset[str] = frozenset()
     """Ordering columns that may hold NULL (``attnotnull`` false)."""
+    timeout_ms: int = 0
+    """``statement_timeout`` of the chunk queries (0: none)."""
 
 
 def order_columns(conn: psycopg2.extensions.connection, schema: str, table: str,
@@ -202,7 +211,12 @@ def max_key(conn: psycopg2.extensions.connection, spec: ChunkSpec) -> list[str |
     try:
         with conn.cursor() as cur:
             cur.execute("SET TRANSACTION READ ONLY")
-            cur.execute(query)
+            set_timeout(cur, spec.timeout_ms)
+            try:
+                cur.execute(query)
+            except psycopg2.errors.QueryCanceled as exc:
+                raise timed_out(exc, f"incremental snapshot of {spec.schema}.{spec.table}",
+                                spec.timeout_ms) from None
             row = cur.fetchone()
     finally:
         conn.rollback()
@@ -213,7 +227,8 @@ def max_key(conn: psycopg2.extensions.connection, spec: ChunkSpec) -> list[str |
 def read_chunk(dsn: str, spec: ChunkSpec, after: Sequence[str | None] | None,
                upto: Sequence[str | None] | None, limit: int
                ) -> tuple[list[Row], list[str | None] | None]:
-    """Read one chunk (a READ ONLY transaction of its own; COPY, values as text).
+    """Read one chunk (a READ ONLY transaction of its own with ``spec.timeout_ms`` as
+    ``statement_timeout``; COPY, values as text).
 
     Returns the rows (text bytes in ``spec.columns`` order) and the ordering key of the
     last row (None for an empty chunk).
@@ -223,7 +238,8 @@ def read_chunk(dsn: str, spec: ChunkSpec, after: Sequence[str | None] | None,
     last: list[str | None] | None = None
     width = len(spec.columns)
     for batch in read_text_batches(dsn, None, chunk_select(spec, after, upto, limit), names,
-                                   label=f"incremental snapshot of {spec.schema}.{spec.table}"):
+                                   label=f"incremental snapshot of {spec.schema}.{spec.table}",
+                                   statement_timeout_ms=spec.timeout_ms):
         if not batch.num_rows:
             continue
         # Column-wise: string -> binary is zero-copy and to_pylist yields the bytes (None for

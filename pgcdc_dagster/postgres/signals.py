@@ -5,18 +5,17 @@ The signalling table (``signal.data.collection``) has Debezium's layout: ``id``,
 unlike Debezium the table need not be in the publication.
 
 ``additional-conditions`` filters are SQL fragments embedded in the chunk SELECT; they must
-only filter. :func:`validate_condition` refuses, before any chunk is read:
+only filter. :func:`validate_condition` checks one before any chunk is read, in two layers:
 
-* anything but one expression: ``;``, comments, and statement keywords (SELECT, INSERT, …,
-  so no sub-queries either) outside string literals;
-* calls to VOLATILE functions (``pg_proc.provolatile = 'v'``: ``pg_terminate_backend``,
-  ``set_config``, ``pg_logical_emit_message``, ``nextval``, ``random``, …), matched by name
-  over every overload, conservatively;
-* anything PostgreSQL does not accept as a boolean ``WHERE`` clause of the table
-  (``EXPLAIN SELECT 1 FROM t WHERE (<cond>)`` in a READ ONLY transaction).
+1. PostgreSQL's own parser (``postgres.sql_filter``, libpg_query): the filter must be one
+   expression of the documented grammar (columns of the table, constants, allow-listed
+   operators, functions and casts, boolean logic, IN / BETWEEN / LIKE / IS …); what runs is
+   the canonical text written from the accepted tree, every function, operator and type
+   qualified with ``pg_catalog``, never the user's text.
+2. The server: ``EXPLAIN SELECT 1 FROM t WHERE (<canonical>)`` in a READ ONLY transaction
+   with a ``statement_timeout`` must succeed (the filter is a boolean over the table).
 
-Chunks are then read in READ ONLY transactions, so a write would fail even if one slipped
-through.
+Chunks are then read in READ ONLY transactions with the same ``statement_timeout``.
 """
 
 from __future__ import annotations
@@ -28,101 +27,57 @@ import psycopg2
 import psycopg2.extensions
 from psycopg2 import sql
 
+from pgcdc_dagster.capture.settings import DEFAULT_STATEMENT_TIMEOUT_MS
 from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.postgres.snapshot_read import set_timeout
+from pgcdc_dagster.postgres.sql_filter import RejectedSql, canonical_filter
 
-FORBIDDEN_KEYWORDS = frozenset("""
-select insert update delete merge with into from_ table create drop alter grant revoke
-truncate copy call do execute perform set reset lock notify listen unlisten vacuum analyze
-cluster reindex refresh discard prepare deallocate begin commit rollback savepoint release
-declare fetch move close checkpoint load import comment security union intersect except
-returning values
-""".split())
-
-_TOKEN = re.compile(r"""
-    (?P<string>[eE]?'(?:[^'\\]|''|\\.)*')
-  | (?P<dollar>\$[A-Za-z_]*\$)
-  | (?P<qident>"(?:[^"]|"")*")
-  | (?P<comment>--|/\*)
-  | (?P<semi>;)
-  | (?P<ident>[A-Za-z_][A-Za-z_0-9$]*)
-  | (?P<other>\S)
-""", re.VERBOSE)
+RejectedCondition = RejectedSql
+"""An ``additional-conditions`` filter that could do more than filter."""
 
 
-class RejectedCondition(ConfigurationError):
-    """An ``additional-conditions`` filter that could do more than filter."""
+def table_columns(conn: psycopg2.extensions.connection, schema: str,
+                  table: str) -> list[str]:
+    """Names of the table's columns (not dropped, no system columns)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = "
+                    "format('%%I.%%I', %s::text, %s::text)::regclass "
+                    "AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (schema, table))
+        return [str(r[0]) for r in cur.fetchall()]
 
 
-def _tokens(text: str) -> list[tuple[str, str]]:
-    out = []
-    for m in _TOKEN.finditer(text):
-        kind = m.lastgroup or "other"
-        out.append((kind, m.group(0)))
-    return out
+def canonical_condition(conn: psycopg2.extensions.connection, schema: str, table: str,
+                        condition: str) -> str:
+    """Layer 1 only: the filter's canonical text (the table's columns read from the
+    catalog). Also used on a stored filter before each chunk is read.
 
-
-def check_expression(text: str, label: str) -> list[str]:
-    """Lexical checks; return the names of the functions the expression calls."""
-    toks = _tokens(text)
-    if not text.strip():
-        raise RejectedCondition(f"{label}: the filter is empty")
-    functions: list[str] = []
-    depth = 0
-    for i, (kind, tok) in enumerate(toks):
-        depth += {"(": 1, ")": -1}.get(tok, 0) if kind == "other" else 0
-        if depth < 0:
-            raise RejectedCondition(f"{label}: unbalanced parentheses: {text!r}")
-        if kind == "semi":
-            raise RejectedCondition(f"{label}: ';' is not allowed: a filter is one boolean "
-                                    f"expression, not statements: {text!r}")
-        if kind == "comment":
-            raise RejectedCondition(f"{label}: comments are not allowed in a filter: {text!r}")
-        if kind == "dollar":
-            raise RejectedCondition(f"{label}: dollar quoting is not allowed in a filter")
-        if kind == "ident" and tok.lower() in FORBIDDEN_KEYWORDS:
-            raise RejectedCondition(
-                f"{label}: {tok.upper()} is not allowed: a filter is one boolean expression "
-                f"over the table's columns (no statements or sub-queries): {text!r}")
-        if kind in ("ident", "qident") and i + 1 < len(toks) and toks[i + 1][1] == "(":
-            functions.append(tok[1:-1].replace('""', '"') if kind == "qident"
-                             else tok.lower())
-    if depth:
-        raise RejectedCondition(f"{label}: unbalanced parentheses: {text!r}")
-    return functions
-
-
-@dataclass(frozen=True, slots=True)
-class SignalRow:
-    id: str
-    type: str
-    data: str | None
+    Raises:
+        RejectedCondition: naming what is refused and what is allowed.
+    """
+    label = f"additional-conditions for {schema}.{table}"
+    return canonical_filter(condition, table_columns(conn, schema, table), (schema, table),
+                            label)
 
 
 def validate_condition(conn: psycopg2.extensions.connection, schema: str, table: str,
-                       condition: str) -> str:
-    """Check an ``additional-conditions`` filter for ``schema.table``; return it.
+                       condition: str, *,
+                       timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS) -> str:
+    """Check an ``additional-conditions`` filter for ``schema.table``; its canonical text.
 
     Raises:
         RejectedCondition: naming what is wrong.
     """
     label = f"additional-conditions for {schema}.{table}"
-    functions = check_expression(condition, label)
+    canonical = canonical_condition(conn, schema, table, condition)
     old = conn.autocommit
     conn.autocommit = False
     try:
         with conn.cursor() as cur:
             cur.execute("SET TRANSACTION READ ONLY")
-            if functions:
-                cur.execute("SELECT DISTINCT proname FROM pg_proc WHERE proname = ANY(%s) "
-                            "AND provolatile = 'v'", (functions,))
-                volatile = sorted(r[0] for r in cur.fetchall())
-                if volatile:
-                    raise RejectedCondition(
-                        f"{label}: calls volatile function(s) {', '.join(volatile)}; a filter "
-                        "may only use immutable or stable functions (no side effects)")
+            set_timeout(cur, timeout_ms)
             try:
                 cur.execute(sql.SQL("EXPLAIN SELECT 1 FROM {} WHERE ({})").format(
-                    sql.Identifier(schema, table), sql.SQL(condition)))
+                    sql.Identifier(schema, table), sql.SQL(canonical)))
             except psycopg2.Error as exc:
                 message = (exc.pgerror or str(exc)).strip().splitlines()[0]
                 raise RejectedCondition(
@@ -131,7 +86,14 @@ def validate_condition(conn: psycopg2.extensions.connection, schema: str, table:
     finally:
         conn.rollback()
         conn.autocommit = old
-    return condition
+    return canonical
+
+
+@dataclass(frozen=True, slots=True)
+class SignalRow:
+    id: str
+    type: str
+    data: str | None
 
 
 def parse_table_name(name: str) -> tuple[str, str]:

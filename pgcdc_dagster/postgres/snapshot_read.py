@@ -45,6 +45,7 @@ from psycopg2 import sql
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, PgCdcError
 from pgcdc_dagster.postgres.connection import connect, connection
+from pgcdc_dagster.postgres.sql_filter import RejectedSql, check_select, single_statement
 
 CSV_BLOCK_BYTES = 1 << 20
 """Default parser block: about ``snapshot.fetch.size`` rows of a typical table."""
@@ -131,6 +132,22 @@ class Chunk:
             hi = "+inf" if self.upper is None else ",".join(self.upper)
             span = f"keys [{lo}, {hi})"
         return f"{self.schema}.{self.table}#{self.index} {span}"
+
+
+def set_timeout(cur: psycopg2.extensions.cursor, timeout_ms: int) -> None:
+    """``SET LOCAL statement_timeout`` (0: none) in the current transaction."""
+    cur.execute("SELECT set_config('statement_timeout', %s, true)", (f"{int(timeout_ms)}ms",))
+
+
+def timed_out(exc: psycopg2.Error, label: str, timeout_ms: int) -> PgCdcError:
+    """The error for a statement cancelled by ``statement_timeout``, naming the setting."""
+    message = (exc.pgerror or str(exc)).strip().splitlines()[0]
+    return PgCdcError(
+        f"{label}: {message} (statement_timeout {timeout_ms} ms). A statement that runs an "
+        "additional-conditions filter or a snapshot.select.statement.overrides SELECT is "
+        "cancelled after PGCDC_INCREMENTAL_STATEMENT_TIMEOUT_MS; make the filter cheaper (a "
+        "condition an index serves, a smaller incremental.snapshot.chunk.size) or raise the "
+        "setting, then run again (chunks already committed are kept).")
 
 
 def set_session(cur: psycopg2.extensions.cursor, *, local: bool = True) -> None:
@@ -318,75 +335,19 @@ def chunk_query(chunk: Chunk, columns: Sequence[str], key: Sequence[KeyColumn] =
 
 # --- overrides ---------------------------------------------------------------------------
 
-_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
-
-
-def single_statement(text: str) -> str:
-    """The text without trailing semicolons; raise when it holds more than one statement.
-
-    A small SQL lexer: quoted strings (``'...'``, ``E'...'``), quoted identifiers, dollar
-    quotes and both comment styles are skipped, and a ``;`` followed by anything but
-    whitespace or comments means a second statement.
-    """
-    i, n = 0, len(text)
-    end: int | None = None
-    while i < n:
-        ch = text[i]
-        if ch == "'":
-            escapes = i > 0 and text[i - 1] in "eE" and (i < 2 or not text[i - 2].isalnum())
-            i += 1
-            while i < n:
-                if escapes and text[i] == "\\":
-                    i += 2
-                    continue
-                if text[i] == "'":
-                    if i + 1 < n and text[i + 1] == "'":
-                        i += 2
-                        continue
-                    break
-                i += 1
-            i += 1
-        elif ch == '"':
-            i = text.find('"', i + 1)
-            while i != -1 and i + 1 < n and text[i + 1] == '"':
-                i = text.find('"', i + 2)
-            i = n if i == -1 else i + 1
-        elif ch == "-" and text.startswith("--", i):
-            nl = text.find("\n", i)
-            i = n if nl == -1 else nl + 1
-        elif ch == "/" and text.startswith("/*", i):
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if text.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif text.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    i += 1
-        elif ch == "$" and (m := _DOLLAR.match(text, i)) and not (i and text[i - 1].isalnum()):
-            close = text.find(m.group(0), m.end())
-            i = n if close == -1 else close + len(m.group(0))
-        elif ch == ";":
-            if end is None:
-                end = i
-            i += 1
-        else:
-            if end is not None and not ch.isspace():
-                raise ConfigurationError("it holds more than one statement")
-            i += 1
-    body = text[:end] if end is not None else text
-    if not body.strip():
-        raise ConfigurationError("it is empty")
-    return body
-
-
 def validate_override(conn: psycopg2.extensions.connection, schema: str, table: str,
-                      select: str, columns: Sequence[tuple[str, int]]) -> str:
+                      select: str, columns: Sequence[tuple[str, int]], *,
+                      timeout_ms: int = 0) -> str:
     """Check a ``snapshot.select.statement.overrides`` SELECT; return it, ready to embed.
 
-    The statement must be one statement that PostgreSQL accepts as a cursor query (a SELECT
-    or VALUES, no data-modifying WITH), run in a READ ONLY transaction, and return every
-    captured column with the table's type. ``columns`` are (name, type oid) pairs.
+    An override is a whole query by design (Debezium's), written by whoever configures the
+    capture. PostgreSQL's parser (``postgres.sql_filter.check_select``) must see one SELECT
+    that neither writes nor locks, calls only allow-listed built-in functions and operators
+    (as filters may) and casts only to allow-listed types; no function or operator named
+    like one it calls unqualified may exist outside ``pg_catalog`` (it could be chosen
+    instead of the built-in). PostgreSQL must then accept it as a cursor query in a READ ONLY
+    transaction with ``timeout_ms`` as ``statement_timeout``, returning every captured
+    column with the table's type. ``columns`` are (name, type oid) pairs.
 
     Raises:
         ConfigurationError: naming the property and what is wrong.
@@ -397,16 +358,36 @@ def validate_override(conn: psycopg2.extensions.connection, schema: str, table: 
     except ConfigurationError as exc:
         raise ConfigurationError(
             f"{prop} must be a single SELECT statement, but {exc}: {select!r}") from None
+    functions, operators = check_select(body, prop)
     old_autocommit = conn.autocommit
     conn.autocommit = False
     try:
         with conn.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            set_timeout(cur, timeout_ms)
+            cur.execute(
+                """SELECT format('function %%I.%%I', n.nspname, p.proname) FROM pg_proc p
+                   JOIN pg_namespace n ON n.oid = p.pronamespace
+                   WHERE p.proname = ANY(%s) AND n.nspname <> 'pg_catalog'
+                   UNION ALL
+                   SELECT format('operator %%I.%%s', n.nspname, o.oprname) FROM pg_operator o
+                   JOIN pg_namespace n ON n.oid = o.oprnamespace
+                   WHERE o.oprname = ANY(%s) AND n.nspname <> 'pg_catalog' ORDER BY 1""",
+                (sorted(functions), sorted(operators)))
+            shadows = [str(r[0]) for r in cur.fetchall()]
+            if shadows:
+                raise RejectedSql(
+                    f"{prop}: {', '.join(dict.fromkeys(shadows))} share a name with a "
+                    "built-in the override uses unqualified, so PostgreSQL could call them "
+                    "instead; write the built-in schema-qualified (pg_catalog.lower(x), "
+                    "a OPERATOR(pg_catalog.=) b) or drop them")
             try:
                 cur.execute(sql.SQL("DECLARE _pgcdc_override_check NO SCROLL CURSOR FOR {}")
                             .format(sql.SQL(body)))
                 cur.execute(sql.SQL("SELECT * FROM ({}) AS _pgcdc_override LIMIT 0")
                             .format(sql.SQL(body)))
+            except psycopg2.errors.QueryCanceled as exc:
+                raise timed_out(exc, prop, timeout_ms) from None
             except psycopg2.Error as exc:
                 message = (exc.pgerror or str(exc)).strip().splitlines()[0]
                 raise ConfigurationError(
@@ -524,13 +505,15 @@ def _translate(exc: psycopg2.Error, label: str) -> Exception:
 def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable,
                       columns: Sequence[str], *, block_size: int = CSV_BLOCK_BYTES,
                       label: str = "snapshot read",
-                      escaped: Collection[int] | None = None) -> Iterator[pa.RecordBatch]:
+                      escaped: Collection[int] | None = None,
+                      statement_timeout_ms: int = 0) -> Iterator[pa.RecordBatch]:
     """Yield batches of the query's rows, every column as text (NULL as null).
 
     With ``snapshot_name`` the query runs in a REPEATABLE READ READ ONLY transaction that
     imports that exported snapshot, so every chunk sees the same consistent state.
     ``label`` names the work in error messages; ``escaped`` lists the columns whose values
-    may hold COPY escapes (None = all; see :data:`PLAIN_TYPES`).
+    may hold COPY escapes (None = all; see :data:`PLAIN_TYPES`). ``statement_timeout_ms``
+    > 0 cancels the query after that long (user SQL: filters, overrides).
 
     Raises:
         TableVanishedError: the table or a column no longer exists.
@@ -550,6 +533,8 @@ def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable
                 if snapshot_name:
                     cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
                 set_session(cur)
+                if statement_timeout_ms:
+                    set_timeout(cur, statement_timeout_ms)
                 cur.copy_expert(copy, sink, size=1 << 20)
         except BaseException as exc:
             failure.append(exc)
@@ -559,6 +544,8 @@ def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable
         if not failure:
             return None
         exc = failure[0]
+        if isinstance(exc, psycopg2.errors.QueryCanceled) and statement_timeout_ms:
+            return timed_out(exc, label, statement_timeout_ms)
         return _translate(exc, label) if isinstance(exc, psycopg2.Error) else \
             exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
 

@@ -77,6 +77,8 @@ class ChunkTask:
     file_prefix: str = "snap"
     binary: bool = True
     """Read with binary COPY (``snapshot_binary``); False: text COPY."""
+    statement_timeout_ms: int = 0
+    """``statement_timeout`` of the chunk's read (set for an override's chunks; 0: none)."""
 
     def __repr__(self) -> str:  # never print the DSN
         return f"ChunkTask({self.chunk})"
@@ -254,7 +256,8 @@ def _text_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
 
     for batch in read_text_batches(task.dsn, task.snapshot_name, query, columns,
                                    block_size=task.block_size, label=str(task.chunk),
-                                   escaped=_escaped(task.converters)):
+                                   escaped=_escaped(task.converters),
+                                   statement_timeout_ms=task.statement_timeout_ms):
         if batch.num_rows == 0:
             continue
         if pending_bytes + batch.nbytes > task.row_group_bytes and pending:
@@ -273,7 +276,8 @@ def _binary_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
     select = binary_select(query, columns, task.converters)
     label = str(task.chunk)
     for rows in read_binary_rows(task.dsn, task.snapshot_name, select,
-                                 batch_bytes=task.row_group_bytes, label=label):
+                                 batch_bytes=task.row_group_bytes, label=label,
+                                 statement_timeout_ms=task.statement_timeout_ms):
         batch = split_fields(rows, len(columns), label=label)
         del rows
         pairs = [convert_column(c, k, batch, i)

@@ -254,7 +254,8 @@ def test_signal_table_sensor(capture, pg_conn) -> None:
                                     tags=req.tags)
     assert result.success
     items = _partition_mats(instance)["public.items"]
-    assert items["signal_id"] == "ad-hoc-7" and items["additional_condition"] == "(id <= 100)"
+    assert items["signal_id"] == "ad-hoc-7" and items["additional_condition"] == \
+        '("id" OPERATOR(pg_catalog.<=) 100)'
     assert sorted(r["id"] for r in _incremental_rows(lakehouse, "items")) == list(range(1, 101))
 
     # A single-table signal: run key = the signal id itself.

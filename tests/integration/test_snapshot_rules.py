@@ -9,7 +9,8 @@ from pgcdc_dagster.capture.snapshot_state import ChunkDone, SnapshotState, Table
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, SlotLostError
 from pgcdc_dagster.postgres.slot import SlotInfo
-from pgcdc_dagster.postgres.snapshot_read import Chunk, single_statement, unescape_copy_text
+from pgcdc_dagster.postgres.snapshot_read import Chunk, unescape_copy_text
+from pgcdc_dagster.postgres.sql_filter import single_statement
 
 pytestmark = pytest.mark.unit
 
