@@ -12,7 +12,6 @@ table's column schema (``dagster/column_schema``).
 # No ``from __future__ import annotations`` here: Dagster reads the config and resource
 # annotations of the asset functions at definition time.
 
-import re
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,6 +20,16 @@ import dagster as dg
 import pyarrow as pa
 from pydantic import Field
 
+from assets.keys import (
+    SLOT_KEY,
+    bronze_key,
+    multi_asset_io,
+    silver_key,
+    source_key,
+    table_metadata,
+    table_of_key,
+    table_tags,
+)
 from assets.partitions import ensure_partitions
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, select_contexts
@@ -30,6 +39,7 @@ from pgcdc_dagster.capture.stream import StreamReport
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.lake.silver import META_NAMES
+from pgcdc_dagster.names import display_name
 from pgcdc_dagster.ops.delta_stats import TableStats, growth, live_row_count, table_stats
 from pgcdc_dagster.ops.lsn_windows import bronze_commits
 from pgcdc_dagster.ops.schema_drift import normalise_type
@@ -40,7 +50,6 @@ CAPTURE_POOL = "pgcdc_slot"
 """Concurrency pool around everything that reads the slot; give it a limit of 1."""
 
 DEFAULT_OWNERS = ("team:pgcdc",)
-_TAG_VALUE = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
 SILVER_META_DOC = {
     "__op": "Debezium op of the change that produced the row: r snapshot, c, u, d",
@@ -65,21 +74,6 @@ BRONZE_DOC = {
 }
 
 
-def source_key(schema: str, table: str) -> dg.AssetKey:
-    return dg.AssetKey(["source", schema, table])
-
-
-def bronze_key(schema: str, table: str) -> dg.AssetKey:
-    return dg.AssetKey(["bronze", schema, table])
-
-
-def silver_key(schema: str, table: str) -> dg.AssetKey:
-    return dg.AssetKey(["silver", schema, table])
-
-
-SLOT_KEY = dg.AssetKey(["source", "replication_slot"])
-"""The logical replication slot (and its publication) as an external asset."""
-
 META_TABLES = {
     "messages": "Logical decoding messages (pg_logical_emit_message) of the captured database, "
                 "op m, in Debezium's message envelope (prefix, content); the project's own "
@@ -92,14 +86,6 @@ META_TABLES = {
 
 def meta_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["bronze", "_pgcdc", name])
-
-
-def _tags(layer: str, schema: str, table: str) -> dict[str, str]:
-    tags = {"pgcdc/layer": layer}
-    for key, value in (("pgcdc/schema", schema), ("pgcdc/table", table)):
-        if _TAG_VALUE.match(value):
-            tags[key] = value
-    return tags
 
 
 def slot_spec(owners: Sequence[str] = DEFAULT_OWNERS) -> dg.AssetSpec:
@@ -118,8 +104,10 @@ def source_specs(tables: Sequence[tuple[str, str]],
     """The source tables (external assets, lineage roots) and the replication slot."""
     return [
         dg.AssetSpec(source_key(s, t), group_name="source", kinds={"postgres"},
-                     owners=list(owners), tags=_tags("source", s, t),
-                     description=f"PostgreSQL table {s}.{t} (captured through the slot).")
+                     owners=list(owners), tags=table_tags("source", s, t),
+                     metadata=table_metadata(s, t),
+                     description=f"PostgreSQL table {display_name(s, t)} (captured through "
+                     "the slot).")
         for s, t in tables
     ] + [slot_spec(owners)]
 
@@ -319,11 +307,11 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
         dg.AssetSpec(
             bronze_key(s, t), group_name="bronze", deps=[source_key(s, t), SLOT_KEY],
             kinds={"postgres", "spark", "delta"}, owners=list(owners),
-            tags=_tags("bronze", s, t),
-            description=f"Change events of {s}.{t} in Debezium's envelope (key, before, "
-            "after, source, op, ts_ms, transaction): one row per change, op r for the "
-            "snapshot, append-only Delta at <lakehouse>/bronze/"
-            f"{s}/{t}, written exactly once per slot window.")
+            tags=table_tags("bronze", s, t), metadata=table_metadata(s, t),
+            description=f"Change events of {display_name(s, t)} in Debezium's envelope (key, "
+            "before, after, source, op, ts_ms, transaction): one row per change, op r for the "
+            "snapshot, append-only Delta under <lakehouse>/bronze/, written exactly once per "
+            "slot window.")
         for s, t in tables
     ]
     bronze_specs += [
@@ -337,14 +325,16 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
     silver_specs = [
         dg.AssetSpec(
             silver_key(s, t), group_name="silver", deps=[bronze_key(s, t)],
-            kinds={"spark", "delta"}, owners=list(owners), tags=_tags("silver", s, t),
-            description=f"Current state of {s}.{t}: one row per key in native Delta types, "
-            f"at <lakehouse>/silver/{s}/{t}. Deleted keys stay as tombstones: read live "
-            "rows WHERE NOT __deleted.")
+            kinds={"spark", "delta"}, owners=list(owners), tags=table_tags("silver", s, t),
+            metadata=table_metadata(s, t),
+            description=f"Current state of {display_name(s, t)}: one row per key in native "
+            "Delta types, under <lakehouse>/silver/. Deleted keys stay as tombstones: read "
+            "live rows WHERE NOT __deleted.")
         for s, t in tables
     ]
 
-    @dg.multi_asset(specs=bronze_specs, name="bronze", pool=CAPTURE_POOL, can_subset=False)
+    @dg.multi_asset(name="bronze", pool=CAPTURE_POOL,
+                    **multi_asset_io(bronze_specs, can_subset=False))
     def bronze(context: dg.AssetExecutionContext, config: BronzeConfig,
                postgres: PostgresResource, lakehouse: LakehouseResource,
                capture: CaptureResource,
@@ -365,8 +355,9 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
         for s, t in tables:
             ctx = by_name.get((s, t))
             if ctx is None:
-                raise dg.Failure(f"{s}.{t} is no longer captured (dropped, or no longer matched "
-                                 "by the include list): reload the code location")
+                raise dg.Failure(f"{display_name(s, t)} is no longer captured (dropped, or no "
+                                 "longer matched by the include list): reload the code "
+                                 "location")
             yield dg.MaterializeResult(
                 asset_key=bronze_key(s, t),
                 metadata=_bronze_metadata(run, ctx, before[(s, t)], seconds, health))
@@ -375,12 +366,12 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
             yield dg.MaterializeResult(asset_key=meta_key(name), metadata=meta_table_metadata(
                 run.stream, name, uri, meta_before[name], seconds))
 
-    @dg.multi_asset(specs=silver_specs, name="silver", can_subset=True)
+    @dg.multi_asset(name="silver", **multi_asset_io(silver_specs, can_subset=True))
     def silver(context: dg.AssetExecutionContext, postgres: PostgresResource,
                lakehouse: LakehouseResource, capture: CaptureResource,
                spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
         settings = capture.settings(postgres.dsn, lakehouse.root)
-        selected = {(k.path[1], k.path[2]) for k in context.selected_asset_keys}
+        selected = {table_of_key(k) for k in context.selected_asset_keys}
         session = spark.get_session()
         reports = []
         for ctx in select_contexts(settings, selected):

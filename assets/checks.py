@@ -24,12 +24,14 @@ import dagster as dg
 import psycopg2
 from deltalake.exceptions import DeltaError
 
-from assets.capture import CAPTURE_POOL, SLOT_KEY, bronze_key, silver_key
+from assets.capture import CAPTURE_POOL
+from assets.keys import SLOT_KEY, bronze_key, multi_check, silver_key, table_of_key
 from pgcdc_dagster.capture.runner import select_contexts
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import PgCdcError
 from pgcdc_dagster.lake.delta import committed_version, open_table
+from pgcdc_dagster.names import display_name
 from pgcdc_dagster.ops.consistency import ConsistencyReport, compare_with_source
 from pgcdc_dagster.ops.lsn_windows import (
     RunRange,
@@ -73,7 +75,7 @@ def _selected(context: dg.AssetCheckExecutionContext) -> list[dg.AssetCheckKey]:
 
 
 def _table(key: dg.AssetCheckKey) -> tuple[str, str]:
-    return key.asset_key.path[1], key.asset_key.path[2]
+    return table_of_key(key.asset_key)
 
 
 def _not_evaluated(key: dg.AssetCheckKey, why: str) -> dg.AssetCheckResult:
@@ -99,7 +101,7 @@ def _per_table(context: dg.AssetCheckExecutionContext, postgres: PostgresResourc
     for key in keys:
         ctx = contexts.get(_table(key))
         if ctx is None:
-            yield _not_evaluated(key, f"{'.'.join(_table(key))} is no longer captured "
+            yield _not_evaluated(key, f"{display_name(*_table(key))} is no longer captured "
                                  "(dropped, or not matched by the include list)")
             continue
         try:
@@ -236,12 +238,12 @@ def build_asset_checks(tables: Sequence[tuple[str, str]],
 
 def _table_checks(tables: Sequence[tuple[str, str]],
                   settings: MonitorSettings) -> list[dg.AssetChecksDefinition]:
-    @dg.multi_asset_check(
-        name="silver_matches_source", can_subset=True, pool=CAPTURE_POOL,
+    @multi_check(
+        name="silver_matches_source", pool=CAPTURE_POOL,
         specs=[dg.AssetCheckSpec(
             MATCHES_SOURCE, asset=silver_key(s, t),
-            description=f"Live rows of silver {s}.{t} agree with the source: row count, "
-            "key checksum and row checksum, compared at the LSN silver reached (keys "
+            description=f"Live rows of silver {display_name(s, t)} agree with the source: row "
+            "count, key checksum and row checksum, compared at the LSN silver reached (keys "
             "changed since are left out and counted).") for s, t in tables])
     def silver_matches_source(context: dg.AssetCheckExecutionContext,
                               postgres: PostgresResource, lakehouse: LakehouseResource,
@@ -254,13 +256,13 @@ def _table_checks(tables: Sequence[tuple[str, str]],
 
         yield from _per_table(context, postgres, lakehouse, capture, evaluate)
 
-    @dg.multi_asset_check(
-        name="silver_schema_matches_source", can_subset=True,
+    @multi_check(
+        name="silver_schema_matches_source",
         specs=[dg.AssetCheckSpec(
             SCHEMA_MATCHES, asset=silver_key(s, t),
-            description=f"The columns of {s}.{t} in the source, typed as silver types them, "
-            "equal the silver Delta schema (added/dropped columns warn, a type change is an "
-            "error).") for s, t in tables])
+            description=f"The columns of {display_name(s, t)} in the source, typed as silver "
+            "types them, equal the silver Delta schema (added/dropped columns warn, a type "
+            "change is an error).") for s, t in tables])
     def silver_schema_matches_source(context: dg.AssetCheckExecutionContext,
                                      postgres: PostgresResource, lakehouse: LakehouseResource,
                                      capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
@@ -276,14 +278,14 @@ def _table_checks(tables: Sequence[tuple[str, str]],
 
         yield from _per_table(context, postgres, lakehouse, capture, evaluate)
 
-    @dg.multi_asset_check(
-        name="bronze_lsn_windows", can_subset=True, pool=CAPTURE_POOL,
+    @multi_check(
+        name="bronze_lsn_windows", pool=CAPTURE_POOL,
         specs=[dg.AssetCheckSpec(
             LSN_WINDOWS, asset=bronze_key(s, t),
-            description=f"Bronze {s}.{t} has no gap or overlap in LSN windows: window ends "
-            "advance strictly after the snapshot, the app transaction names the last one, "
-            "the capture runs chain end to start, and the slot is where the last run left "
-            "it.") for s, t in tables])
+            description=f"Bronze {display_name(s, t)} has no gap or overlap in LSN windows: "
+            "window ends advance strictly after the snapshot, the app transaction names the "
+            "last one, the capture runs chain end to start, and the slot is where the last run "
+            "left it.") for s, t in tables])
     def bronze_lsn_windows(context: dg.AssetCheckExecutionContext, postgres: PostgresResource,
                            lakehouse: LakehouseResource,
                            capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:

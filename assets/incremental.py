@@ -43,17 +43,14 @@ from assets.capture import (
     CAPTURE_POOL,
     DEFAULT_OWNERS,
     META_TABLES,
-    SLOT_KEY,
     _previous,
     _rate,
     _silver_metadata,
     bronze_column_schema,
-    bronze_key,
     meta_key,
-    silver_key,
-    source_key,
 )
 from assets.jobs import INCREMENTAL
+from assets.keys import SLOT_KEY, bronze_key, dep_ins, silver_key, source_key
 from assets.partitions import INCREMENTAL_PARTITIONS, partition_table
 from pgcdc_dagster.capture.incremental import IncrementalReport, apply_signal, run_incremental
 from pgcdc_dagster.capture.incremental_state import ProgressStore, TableProgress
@@ -206,7 +203,7 @@ def build_incremental(tables: Sequence[tuple[str, str]],
         key=INCREMENTAL_KEY, partitions_def=INCREMENTAL_PARTITIONS, pool=CAPTURE_POOL,
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_PARTITIONS_PER_RUN),
         group_name="incremental", kinds={"postgres", "spark", "delta"}, owners=list(owners),
-        deps=[SLOT_KEY, *(source_key(s, t) for s, t in captured)],
+        ins=dep_ins([SLOT_KEY, *(source_key(s, t) for s, t in captured)]),
         tags={"pgcdc/layer": "bronze"},
         description="Incremental snapshots (DBLog watermark windows): one partition per "
         "captured table. Backfill partitions to re-snapshot those tables while the stream "
@@ -221,7 +218,10 @@ def build_incremental(tables: Sequence[tuple[str, str]],
         if config.chunk_size > 0:
             settings = dataclasses.replace(settings, incremental_chunk_size=config.chunk_size)
         keys = list(context.partition_keys)
-        wanted = {k: partition_table(k) for k in keys}
+        try:
+            wanted = {k: partition_table(k) for k in keys}
+        except ValueError as exc:
+            raise dg.Failure(str(exc), allow_retries=False) from None
         origin = run_origin(context.run)
         contexts = load_contexts(settings)
         by_name = {c.relation.qualified: c for c in contexts}

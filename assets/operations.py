@@ -14,11 +14,13 @@ from collections.abc import Sequence
 import dagster as dg
 from pydantic import Field
 
-from assets.capture import CAPTURE_POOL, SLOT_KEY
+from assets.capture import CAPTURE_POOL
 from assets.jobs import TEARDOWN
+from assets.keys import SLOT_KEY, silver_key
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.tombstones import purge_tombstones
+from pgcdc_dagster.names import display_name
 from pgcdc_dagster.ops.teardown import check_confirmation, teardown
 from resources import CaptureResource, LakehouseResource, PostgresResource
 
@@ -97,10 +99,10 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]]) -> dg.JobDefinition
                                       app_id=f"{settings.app_prefix}:silver:{schema}.{table}")
             total += purged
             if purged:
-                context.log.info(f"silver {schema}.{table}: {purged} tombstones older than "
-                                 f"{hours} h purged")
+                context.log.info(f"silver {display_name(schema, table)}: {purged} tombstones "
+                                 f"older than {hours} h purged")
             context.log_event(dg.AssetObservation(
-                asset_key=dg.AssetKey(["silver", schema, table]),
+                asset_key=silver_key(schema, table),
                 metadata={"tombstones_purged": purged, "retention_hours": hours}))
         context.log.info(f"{total} tombstones purged in {len(tables)} silver tables")
 

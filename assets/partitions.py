@@ -1,36 +1,22 @@
 """The incremental snapshot's dynamic partitions: one per captured table.
 
 Partitions are added by every bronze run (initial snapshot, micro-batch) and by the signal
-sensor, so a backfill can be launched from the UI as soon as capture has run once.
+sensor, so a backfill can be launched from the UI as soon as capture has run once. The key of
+a table is :func:`pgcdc_dagster.names.partition_key` (``schema.table``, quoted as Debezium's
+``data-collections`` quote it).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import dagster as dg
 
-from pgcdc_dagster.postgres.signals import parse_table_name
+from pgcdc_dagster.names import partition_key, partition_table
 
 INCREMENTAL_PARTITIONS = dg.DynamicPartitionsDefinition(name="pgcdc_incremental_tables")
 """One partition per captured table, ``<schema>.<table>`` (a part holding ``.`` or ``"``
 is double-quoted, as in Debezium's ``data-collections``)."""
-
-_PLAIN = re.compile(r'^[^."]+$')
-
-
-def partition_key(schema: str, table: str) -> str:
-    """The partition of a table: ``schema.table``, parts quoted only when needed."""
-    def part(p: str) -> str:
-        return p if _PLAIN.match(p) else '"' + p.replace('"', '""') + '"'
-
-    return f"{part(schema)}.{part(table)}"
-
-
-def partition_table(key: str) -> tuple[str, str]:
-    """The ``(schema, table)`` of a partition key."""
-    return parse_table_name(key)
 
 
 def missing_partitions(instance: dg.DagsterInstance,
@@ -45,3 +31,7 @@ def ensure_partitions(instance: dg.DagsterInstance, tables: Sequence[tuple[str, 
     keys = missing_partitions(instance, tables)
     if keys:
         instance.add_dynamic_partitions(INCREMENTAL_PARTITIONS.name or "", keys)
+
+
+__all__ = ["INCREMENTAL_PARTITIONS", "ensure_partitions", "missing_partitions",
+           "partition_key", "partition_table"]

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 import dagster as dg
 import psycopg2
 
-from assets.capture import SLOT_KEY
 from assets.jobs import CaptureJobs, run_in_flight
+from assets.keys import SLOT_KEY
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.ops.discovery import describe, discover
 from pgcdc_dagster.ops.pending_changes import count_pending_changes

@@ -1,0 +1,110 @@
+"""Asset keys, tags and op input/output names of captured tables (pgcdc_dagster.names).
+
+Dagster derives op input and output names from asset keys in ways that are not injective
+(``a_b.c`` and ``a.b_c`` give the same input name), so the multi-assets and multi-checks here
+name them with :func:`pgcdc_dagster.names.identifier`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+
+from pgcdc_dagster.names import asset_path, display_name, identifier, table_of_path, tag_value
+
+SLOT_KEY = dg.AssetKey(["source", "replication_slot"])
+"""The logical replication slot (and its publication) as an external asset."""
+
+
+def table_key(layer: str, schema: str, table: str) -> dg.AssetKey:
+    """``<layer>/<schema>/<table>`` with unusual names escaped (pgcdc_dagster.names)."""
+    return dg.AssetKey(asset_path(layer, schema, table))
+
+
+def source_key(schema: str, table: str) -> dg.AssetKey:
+    return table_key("source", schema, table)
+
+
+def bronze_key(schema: str, table: str) -> dg.AssetKey:
+    return table_key("bronze", schema, table)
+
+
+def silver_key(schema: str, table: str) -> dg.AssetKey:
+    return table_key("silver", schema, table)
+
+
+def table_of_key(key: dg.AssetKey) -> tuple[str, str]:
+    """The ``(schema, table)`` of a table's asset key (any layer)."""
+    return table_of_path(key.path)
+
+
+def table_tags(layer: str, schema: str, table: str) -> dict[str, str]:
+    """``pgcdc/layer``, and ``pgcdc/schema`` / ``pgcdc/table`` when valid tag values."""
+    tags = {"pgcdc/layer": layer}
+    for key, value in (("pgcdc/schema", schema), ("pgcdc/table", table)):
+        tag = tag_value(value)
+        if tag is not None:
+            tags[key] = tag
+    return tags
+
+
+def table_metadata(schema: str, table: str) -> dict[str, str]:
+    """The real names, as definition metadata of a table's assets."""
+    return {"pgcdc/schema": schema, "pgcdc/table": table,
+            "pgcdc/source_table": display_name(schema, table)}
+
+
+def _name(key: dg.AssetKey) -> str:
+    """The op input/output name of an asset: :func:`identifier` for a table's, else the
+    components joined by ``__`` (the slot, the capture-wide tables: fixed plain names)."""
+    try:
+        return identifier(key.path[0], *table_of_key(key))
+    except ValueError:
+        return "__".join(key.path)
+
+
+def dep_ins(deps: Iterable[dg.AssetKey]) -> dict[str, dg.AssetIn]:
+    return {_name(k): dg.AssetIn(key=k, dagster_type=dg.Nothing)
+            for k in dict.fromkeys(deps)}
+
+
+def multi_asset_io(specs: Sequence[dg.AssetSpec], *, can_subset: bool
+                   ) -> dict[str, Any]:
+    """``outs``, ``ins`` and ``internal_asset_deps`` of a multi-asset of ``specs``, with
+    input and output names that do not collide (``@multi_asset(**multi_asset_io(...))``)."""
+    outs: dict[str, dg.AssetOut] = {}
+    deps: dict[str, set[dg.AssetKey]] = {}
+    for spec in specs:
+        name = _name(spec.key)
+        outs[name] = dg.AssetOut.from_spec(spec.replace_attributes(deps=[]),
+                                           dagster_type=dg.Nothing, is_required=not can_subset)
+        deps[name] = {d.asset_key for d in spec.deps}
+    ins = dep_ins(k for keys in deps.values() for k in sorted(keys, key=str))
+    return {"outs": outs, "ins": ins, "internal_asset_deps": deps, "can_subset": can_subset}
+
+
+def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | None = None
+                ) -> Callable[[Callable[..., Any]], dg.AssetChecksDefinition]:
+    """``@multi_asset_check(can_subset=True)`` with collision-free output and input names."""
+    by_output = {f"{_name(s.asset_key)}_{s.name}": s for s in specs}
+    ins = {_name(s.asset_key): s.asset_key for s in specs}
+
+    def inner(fn: Callable[..., Any]) -> dg.AssetChecksDefinition:
+        op_def = dg.op(
+            name=name, pool=pool,
+            ins={n: dg.In(dg.Nothing) for n in ins},
+            out={n: dg.Out(dg.Nothing, is_required=False) for n in by_output})(fn)
+        checks: dg.AssetChecksDefinition = dg.AssetChecksDefinition.create(
+            keys_by_input_name=ins, node_def=op_def, check_specs_by_output_name=by_output,
+            can_subset=True)
+        return checks
+
+    return inner
+
+
+def describe_keys(keys: Mapping[tuple[str, str], dg.AssetKey]) -> str:
+    """``schema.table -> key`` lines for the tables whose key differs from their name."""
+    return "; ".join(f"{display_name(s, t)} -> {k.to_user_string()}"
+                     for (s, t), k in keys.items() if list(k.path[1:]) != [s, t])
