@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psycopg2.extensions
@@ -27,12 +27,13 @@ from pgcdc_dagster.cdc.column_options import (
 from pgcdc_dagster.cdc.column_versions import assign_field, column_of, compatible, renamed, versions
 from pgcdc_dagster.cdc.envelope import bronze_schema
 from pgcdc_dagster.cdc.typeconv import ColumnConverter, TypeModes, converter_for
+from pgcdc_dagster.cdc.typeconv.defaults import with_default
 from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.evolution import SchemaChangeError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.schema_history import HistoryRecorder, Shape, history_uri
 from pgcdc_dagster.lake.silver import silver_schema, toastable_columns
-from pgcdc_dagster.postgres.catalog import load_types, table_columns
+from pgcdc_dagster.postgres.catalog import load_types, table_column_defaults, table_columns
 
 log = logging.getLogger(__name__)
 
@@ -187,16 +188,24 @@ def _same_column(a: Column, b: Column) -> bool:
 
 
 def converters_for(columns: Sequence[Column], types: dict[int, object],
-                   modes: TypeModes, *, not_null: Collection[str] = ()
-                   ) -> list[ColumnConverter]:
+                   modes: TypeModes, *, not_null: Collection[str] = (),
+                   defaults: Mapping[str, str] | None = None) -> list[ColumnConverter]:
     """One converter per column (dropped columns included, flagged ``dropped``).
 
     Columns named in ``not_null`` get required (``optional: false``) schemas, as Debezium
-    gives NOT NULL columns (EVT-08/09), and the type's zero for a missing value.
+    gives NOT NULL columns (EVT-08/09), and the type's zero for a missing value. A column
+    with a default expression in ``defaults`` gets the default Debezium propagates into its
+    schema (TYPE-19..22, ``cdc/typeconv/defaults.py``).
     """
-    return [converter_for(c.name, types[c.type_oid], c.typmod, modes,  # type: ignore[arg-type]
-                          nullable=c.name not in not_null)
-            for c in columns]
+    out = []
+    for c in columns:
+        pgtype = types[c.type_oid]
+        conv = converter_for(c.name, pgtype, c.typmod, modes,  # type: ignore[arg-type]
+                             nullable=c.name not in not_null)
+        if defaults and c.name in defaults:
+            conv = with_default(conv, pgtype.name, defaults[c.name])  # type: ignore[attr-defined]
+        out.append(conv)
+    return out
 
 
 def build_context(conn: psycopg2.extensions.connection, relation: Relation,
@@ -218,7 +227,8 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
     types = load_types(conn, {c.type_oid for c in relation.columns})
     not_null = {name for name, _, _, nn in table_columns(conn, schema, table) if nn}
     convs = converters_for(relation.columns, types, settings.modes,  # type: ignore[arg-type]
-                           not_null=not_null)
+                           not_null=not_null,
+                           defaults=table_column_defaults(conn, schema, table))
     kept = [(col, conv) for col, conv in zip(relation.columns, convs, strict=True)
             if not conv.dropped]
     rel = Relation(relation.oid, relation.namespace, relation.name, relation.replica_identity,

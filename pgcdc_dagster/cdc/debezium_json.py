@@ -146,7 +146,7 @@ def schema_from_json(schema: Mapping[str, Any]) -> ConnectSchema:
     version = schema.get("version")
     return ConnectSchema(kind, bool(schema.get("optional", True)), schema.get("name"),
                          int(version) if version is not None else None, schema.get("doc"),
-                         params, fields, items, keys, values)
+                         params, fields, items, keys, values, schema.get("default"))
 
 
 # Fields and tables -----------------------------------------------------------------------

@@ -26,9 +26,11 @@ WHERE t.oid = ANY(%s::oid[])
 """
 
 _COLUMNS_SQL = """
-SELECT a.attname, a.atttypid, a.atttypmod, a.attnotnull, a.attndims
+SELECT a.attname, a.atttypid, a.atttypmod, a.attnotnull, a.attndims,
+       CASE WHEN a.attgenerated = '' THEN pg_catalog.pg_get_expr(d.adbin, d.adrelid) END
 FROM pg_catalog.pg_attribute a
 JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
@@ -110,19 +112,26 @@ def table_columns(conn: Any, schema: str, table: str) -> list[tuple[str, int, in
     Raises:
         TableNotFoundError: if ``schema.table`` does not exist.
     """
-    return [(n, o, m, nn) for n, o, m, nn, _ in _columns(conn, schema, table)]
+    return [(n, o, m, nn) for n, o, m, nn, _, _ in _columns(conn, schema, table)]
 
 
 def table_column_dimensions(conn: Any, schema: str, table: str) -> dict[str, int]:
     """Declared array dimensions (``attndims``) per column; 0 for non-array columns."""
-    return {n: d for n, _, _, _, d in _columns(conn, schema, table)}
+    return {n: d for n, _, _, _, d, _ in _columns(conn, schema, table)}
 
 
-def _columns(conn: Any, schema: str, table: str) -> list[tuple[str, int, int, bool, int]]:
+def table_column_defaults(conn: Any, schema: str, table: str) -> dict[str, str]:
+    """The default expression (``pg_get_expr``) of each column that has one (generated
+    columns excluded)."""
+    return {n: e for n, _, _, _, _, e in _columns(conn, schema, table) if e is not None}
+
+
+def _columns(conn: Any, schema: str, table: str
+             ) -> list[tuple[str, int, int, bool, int, str | None]]:
     with conn.cursor() as cur:
         cur.execute(_COLUMNS_SQL, (schema, table))
-        rows = [(str(r[0]), int(r[1]), int(r[2]), bool(r[3]), int(r[4]))
-                for r in cur.fetchall()]
+        rows = [(str(r[0]), int(r[1]), int(r[2]), bool(r[3]), int(r[4]),
+                 None if r[5] is None else str(r[5])) for r in cur.fetchall()]
         if not rows:
             cur.execute(_TABLE_EXISTS_SQL, (schema, table))
             if cur.fetchone() is None:

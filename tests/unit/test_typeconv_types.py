@@ -252,7 +252,9 @@ def test_postgis_ewkb_with_srid():
         assert c.connect_schema()["name"].endswith(name.capitalize())
     plain = "0101000000000000000000F03F0000000000000040"
     c = converter_for("c", pg("geometry", schema="public"), -1, TypeModes())
-    assert one(c, plain)["srid"] == 0
+    assert one(c, plain)["srid"] is None  # parseSrid: no SRID flag -> null
+    silver = c.to_silver(pa.array([plain, None], pa.string())).to_pylist()
+    assert silver[0]["srid"] == 0 and silver[1] is None  # silver: ST_SRID's 0
 
 
 # --- arrays (TYPE-25), placeholders (TYPE-17/18), unknown types (TYPE-12) -----------------

@@ -4,7 +4,10 @@ multi-dimensional arrays.
 The array's text output (``{1,NULL,"a b"}``, ``{{1,2},{3,4}}``, ``[0:1]={7,8}``) is parsed per
 value; all elements of the column are then converted in one call of the element converter, so
 every element encoding is exactly the scalar one. Bronze: ARRAY of the element schema (elements
-optional); silver: ``list`` of the element's silver type.
+optional, except enum elements, which Debezium declares as required ``io.debezium.data.Enum``
+with the allowed labels; the Arrow item field stays nullable so that a NULL element, which
+Debezium cannot emit, is stored as null instead of failing the write); silver: ``list`` of the
+element's silver type.
 
 Dimensions: PostgreSQL does not enforce the declared dimensions. A column is converted with
 ``dimensions`` nesting levels (``attndims``, default 1). A value with more dimensions than
@@ -108,12 +111,17 @@ class ArrayConverter(BaseConverter):
         self.element = element
         self.depth = max(dimensions, 1)
         self.delimiter = element_delimiter(pgtype)
-        schema: ConnectSchema = element.schema.as_optional()
+        storage: ConnectSchema = element.schema.as_optional()
+        schema = element.schema.required() if _is_enum(element.pgtype) else storage
         silver: pa.DataType = element.silver_field.type
         for _ in range(self.depth):
             schema = ConnectSchema("array", True, items=schema)
+            storage = ConnectSchema("array", True, items=storage)
             silver = pa.list_(pa.field("element", silver))
         super().__init__(column, pgtype, typmod, modes, nullable, schema, silver)
+        if storage != schema.as_optional():  # required elements stored in a nullable item
+            self.bronze_field = pa.field(column, storage.arrow_type(), nullable,
+                                         metadata=self.bronze_field.metadata)
 
     def _split(self, text: pa.StringArray) -> tuple[list[Nested | None], pa.StringArray]:
         rows: list[Nested | None] = []
@@ -161,6 +169,13 @@ class ArrayConverter(BaseConverter):
             signed = [b - 256 if b > 127 else b for b in self.modes.placeholder_bytes]
             return pa.scalar(signed, type=self.bronze_field.type)
         return None
+
+
+def _is_enum(pgtype: PgType) -> bool:
+    """An enum element type (through domains)."""
+    while pgtype.typtype == "d" and pgtype.base is not None:
+        pgtype = pgtype.base
+    return pgtype.typtype == "e"
 
 
 def _map_lists(values: pa.Array, fn: Callable[[pa.Array], pa.Array],

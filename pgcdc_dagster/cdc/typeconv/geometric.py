@@ -6,8 +6,10 @@
 - GEOMETRY / GEOGRAPHY: the text output is hex EWKB. Bronze STRUCT
   ``io.debezium.data.geometry.Geometry`` / ``...Geography`` {wkb BYTES, srid optional INT32}:
   ``wkb`` is the EWKB octets unchanged (Debezium's ``PostgisGeometry.fromHexEwkb``), ``srid``
-  the SRID embedded in it, 0 when there is none. Silver: ``struct<wkb binary, srid int32>``
-  with the same octets (what ``ST_AsEWKB`` returns).
+  the SRID embedded in it, null when the EWKB carries no SRID flag (``parseSrid``; scalar
+  and array elements alike). Silver: ``struct<wkb binary, srid int32>`` with the same octets
+  (what ``ST_AsEWKB`` returns) and ``srid`` as PostgreSQL's ``ST_SRID`` gives it (0 when
+  there is none).
 - The other built-in geometric types (box, lseg, path, polygon, circle, line) are not in the
   seeds and follow ``include.unknown.datatypes`` (TYPE-26).
 """
@@ -54,8 +56,8 @@ def wkb_point(x: float, y: float) -> bytes:
     return struct.pack("<BIdd", 1, 1, x, y)
 
 
-def ewkb_srid(ewkb: bytes) -> int:
-    """SRID of an EWKB geometry, 0 when the SRID flag is not set (``parseSrid``)."""
+def ewkb_srid(ewkb: bytes) -> int | None:
+    """SRID of an EWKB geometry, None when the SRID flag is not set (``parseSrid``)."""
     if len(ewkb) < 9:
         raise ValueError("Invalid EWKB length")
     order = "<" if ewkb[0] else ">"
@@ -63,7 +65,7 @@ def ewkb_srid(ewkb: bytes) -> int:
     if geom_type & EWKB_SRID_FLAG:
         (srid,) = struct.unpack_from(order + "i", ewkb, 5)
         return int(srid)
-    return 0
+    return None
 
 
 class PointConverter(BaseConverter):
@@ -106,7 +108,12 @@ class PostgisConverter(BaseConverter):
         return map_values(text, self._value, self.bronze_field.type)
 
     def _from_bronze(self, values: pa.Array) -> pa.Array:
-        return values.cast(GEO_SILVER)
+        """The EWKB unchanged; a missing SRID is PostgreSQL's ``ST_SRID`` value, 0."""
+        values = values.cast(GEO_SILVER)
+        return pa.StructArray.from_arrays(
+            [pc.fill_null(pc.struct_field(values, "wkb"), b""),  # under the mask only
+             pc.fill_null(pc.struct_field(values, "srid"), 0)],
+            fields=list(GEO_SILVER), mask=pc.is_null(values))
 
     def bronze_placeholder(self) -> pa.Scalar | None:
         """Debezium has no geometry placeholder value; the envelope flags the column."""

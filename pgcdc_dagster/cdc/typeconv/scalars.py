@@ -4,7 +4,8 @@ Seeds: 001/002 "Data Types" table, listed as seed-inventory §5.1.
 - BOOLEAN -> BOOLEAN; BIT(1) -> BOOLEAN (see ``binary.py``).
 - SMALLINT -> INT16, INTEGER -> INT32, BIGINT -> INT64, OID -> INT64 (Red Hat table).
 - REAL -> FLOAT32, DOUBLE PRECISION -> FLOAT64 (NaN and infinities kept).
-- CHAR/VARCHAR/TEXT/CITEXT/INET/CIDR/MACADDR/MACADDR8/range types -> STRING without a name;
+- CHAR/VARCHAR/TEXT/CITEXT/INET/CIDR/MACADDR/MACADDR8/range types/ISBN (isn extension) ->
+  STRING without a name;
   JSON/JSONB -> ``io.debezium.data.Json``, XML -> ``io.debezium.data.Xml``, UUID ->
   ``io.debezium.data.Uuid``, LTREE -> ``io.debezium.data.Ltree``, ENUM ->
   ``io.debezium.data.Enum`` with parameter ``allowed`` (comma-joined labels).
@@ -63,6 +64,10 @@ STRING_TYPES: dict[str, str | None] = {
     "xml": "io.debezium.data.Xml",
     "uuid": "io.debezium.data.Uuid",
     "ltree": "io.debezium.data.Ltree",
+    # The isn extension's ISBN: a plain STRING of its text output (Debezium's
+    # PostgresValueConverter maps the ``isbn`` oid to a string; the other isn types are
+    # unknown to it and follow include.unknown.datatypes).
+    "isbn": None,
 }
 
 # Array types whose unchanged-TOAST placeholder Debezium emits as [placeholder]
@@ -70,7 +75,7 @@ STRING_TYPES: dict[str, str | None] = {
 TEXT_ARRAY_PLACEHOLDER_ELEMENTS = frozenset({"text", "varchar", "json", "jsonb"})
 
 # Fixed-width types: never TOASTed, so no placeholder.
-_FIXED_WIDTH = frozenset({"uuid", "macaddr", "macaddr8", "char"})
+_FIXED_WIDTH = frozenset({"uuid", "macaddr", "macaddr8", "char", "isbn"})
 
 
 class BooleanConverter(BaseConverter):

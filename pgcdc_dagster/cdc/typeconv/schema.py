@@ -11,6 +11,7 @@ all come from one place.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -53,6 +54,9 @@ class ConnectSchema:
         items: Array element schema.
         keys: Map key schema.
         values: Map value schema.
+        default: The field's default value in its JsonConverter form (Debezium propagates a
+            column's parseable default, TYPE-19..22; ``cdc/typeconv/defaults.py``); None: no
+            default (Kafka Connect writes no ``default`` for a null one).
     """
 
     type: str
@@ -65,6 +69,7 @@ class ConnectSchema:
     items: ConnectSchema | None = None
     keys: ConnectSchema | None = None
     values: ConnectSchema | None = None
+    default: Any = None
 
     def arrow_type(self) -> pa.DataType:
         """The Arrow type that stores this literal type in bronze."""
@@ -116,6 +121,8 @@ class ConnectSchema:
             out["doc"] = self.doc
         if self.parameters:
             out["parameters"] = dict(self.parameters)
+        if self.default is not None:
+            out["default"] = self.default
         if field is not None:
             out["field"] = field
         return out
@@ -156,17 +163,11 @@ class ConnectSchema:
 
     def required(self) -> ConnectSchema:
         """The same schema with ``optional = False``."""
-        return ConnectSchema(
-            self.type, False, self.name, self.version, self.doc, self.parameters,
-            self.fields, self.items, self.keys, self.values,
-        )
+        return dataclasses.replace(self, optional=False)
 
     def as_optional(self) -> ConnectSchema:
         """The same schema with ``optional = True``."""
-        return ConnectSchema(
-            self.type, True, self.name, self.version, self.doc, self.parameters,
-            self.fields, self.items, self.keys, self.values,
-        )
+        return dataclasses.replace(self, optional=True)
 
 
 def primitive(kind: str, name: str | None = None, *, version: int | None = None,
