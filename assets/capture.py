@@ -44,6 +44,7 @@ from pgcdc_dagster.ops.delta_stats import TableStats, growth, live_row_count, ta
 from pgcdc_dagster.ops.lsn_windows import bronze_commits
 from pgcdc_dagster.ops.schema_drift import normalise_type
 from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
+from pgcdc_dagster.postgres.discovery import Resolution, SkippedTable
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
 CAPTURE_POOL = "pgcdc_slot"
@@ -150,6 +151,15 @@ def bronze_column_schema(ctx: TableContext) -> dg.TableSchema:
     """Bronze columns: the Debezium envelope plus the sequence columns."""
     return dg.TableSchema(columns=[_column(f, BRONZE_DOC.get(f.name, ""))
                                    for f in ctx.bronze_schema])
+
+
+def skipped_metadata(skipped: Sequence[SkippedTable]) -> dict[str, Any]:
+    """``skipped_tables``: the matched tables the run left out, with the reason and fix."""
+    meta: dict[str, Any] = {"skipped_tables_count": len(skipped)}
+    if skipped:
+        meta["skipped_tables"] = dg.MetadataValue.md(
+            "\n".join(f"- {t.describe()}" for t in skipped))
+    return meta
 
 
 def _rate(rows: int, seconds: float) -> float:
@@ -350,6 +360,8 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
         seconds = time.monotonic() - started
         for note in run.notes:
             context.log.info(note)
+        if run.skipped:
+            context.log.warning(Resolution(skipped=run.skipped).warning())
         health = None if run.stream is not None else slot_health(postgres.dsn, capture.slot)
         by_name = {c.relation.qualified: c for c in run.contexts}
         for s, t in tables:
@@ -360,7 +372,8 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
                                  "location")
             yield dg.MaterializeResult(
                 asset_key=bronze_key(s, t),
-                metadata=_bronze_metadata(run, ctx, before[(s, t)], seconds, health))
+                metadata={**_bronze_metadata(run, ctx, before[(s, t)], seconds, health),
+                          **skipped_metadata(run.skipped)})
         for name in META_TABLES:
             uri = lakehouse.table("bronze", "_pgcdc", name)
             yield dg.MaterializeResult(asset_key=meta_key(name), metadata=meta_table_metadata(

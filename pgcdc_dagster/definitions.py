@@ -23,7 +23,7 @@ from assets.signals import build_signal_sensor, signal_job
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.postgres.connection import connection
-from pgcdc_dagster.postgres.discovery import check_server, resolve_tables
+from pgcdc_dagster.postgres.discovery import KeyFor, Resolution, check_server, resolve_capture
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from resources.capture import split_list
 
@@ -62,12 +62,25 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:  # type: ignore[t
     }
 
 
-def discover_tables(dsn: str, include: Sequence[str], exclude: Sequence[str] = ()
-                    ) -> list[tuple[str, str]]:
-    """The captured ``(schema, table)`` pairs, resolved against the source catalog."""
+def discover_capture(dsn: str, include: Sequence[str], exclude: Sequence[str] = (), *,
+                     key_for: KeyFor | None = None) -> Resolution:
+    """The captured tables and the matched ones left out, from the source catalog."""
     with connection(dsn) as conn:
         check_server(conn)
-        return [r.qualified for r in resolve_tables(conn, include, exclude)]
+        return resolve_capture(conn, include, exclude, key_for=key_for)
+
+
+def discover_tables(dsn: str, include: Sequence[str], exclude: Sequence[str] = (), *,
+                    key_for: KeyFor | None = None) -> list[tuple[str, str]]:
+    """The captured ``(schema, table)`` pairs, resolved against the source catalog.
+
+    Matched tables that cannot be captured are left out with a warning in the log (the
+    code location still loads; docs/operations.md, "Refusals and their fixes").
+    """
+    found = discover_capture(dsn, include, exclude, key_for=key_for)
+    if found.skipped:
+        dg.get_dagster_logger("pgcdc_dagster").warning(found.warning())
+    return [r.qualified for r in found.relations]
 
 
 def build_definitions(tables: Sequence[tuple[str, str]],
@@ -108,4 +121,4 @@ def defs() -> dg.Definitions:
     return build_definitions(tables)
 
 
-__all__ = ["CAPTURE_POOL", "build_definitions", "defs", "discover_tables"]
+__all__ = ["CAPTURE_POOL", "build_definitions", "defs", "discover_capture", "discover_tables"]

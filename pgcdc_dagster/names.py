@@ -136,10 +136,14 @@ def tag_value(name: str) -> str | None:
     return name if _TAG_VALUE.fullmatch(name) else None
 
 
+_PLAIN_SQL = re.compile(r"[a-z_][a-z0-9_]*")
+
+
 def display_name(schema: str, table: str) -> str:
-    """``schema.table`` for messages and descriptions, parts quoted when not plain."""
+    """``schema.table`` as PostgreSQL writes it (``quote_ident``): a part that is not
+    lower-case plain is double-quoted, ``"`` doubled. Usable in the SQL of a fix."""
     def part(p: str) -> str:
-        return p if _ORDINARY.fullmatch(p) else '"' + p.replace('"', '""') + '"'
+        return p if _PLAIN_SQL.fullmatch(p) else '"' + p.replace('"', '""') + '"'
 
     return f"{part(schema)}.{part(table)}"
 

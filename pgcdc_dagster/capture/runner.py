@@ -12,13 +12,18 @@ from typing import TYPE_CHECKING
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
-from pgcdc_dagster.capture.snapshot import SnapshotReport, load_contexts, run_snapshot
+from pgcdc_dagster.capture.snapshot import (
+    SnapshotReport,
+    load_capture,
+    load_contexts,
+    run_snapshot,
+)
 from pgcdc_dagster.capture.snapshot_modes import SNAPSHOT_MODES, normalise_mode
 from pgcdc_dagster.capture.stream import StreamReport, run_windows, stale_tables
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.postgres.connection import connection
-from pgcdc_dagster.postgres.discovery import current_database
+from pgcdc_dagster.postgres.discovery import SkippedTable, current_database
 from pgcdc_dagster.postgres.slot import ensure_publication, slot_info
 
 if TYPE_CHECKING:
@@ -40,6 +45,8 @@ class BronzeRun:
     snapshot: SnapshotReport | None = None
     stream: StreamReport | None = None
     notes: list[str] = field(default_factory=list)
+    skipped: list[SkippedTable] = field(default_factory=list)
+    """Tables the include list matches that are left out (not capturable), with why."""
 
 
 def select_contexts(settings: CaptureSettings,
@@ -63,10 +70,10 @@ def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot
     so that no table ever streams before its snapshot is committed.
     """
     normalise_mode(settings.snapshot_mode)
-    captured = load_contexts(settings)
+    captured, skipped = load_capture(settings)
     contexts = captured if only is None else [c for c in captured
                                               if c.relation.qualified in only]
-    run = BronzeRun(contexts)
+    run = BronzeRun(contexts, skipped=skipped)
     if settings.publication_autocreate == "filtered":
         # Debezium's filtered mode: the publication holds exactly the captured tables; a
         # table removed from the capture set leaves it (nothing decodes it for nothing).

@@ -59,10 +59,11 @@ from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.paths import is_local
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
+    SkippedTable,
     check_server,
     compile_patterns,
     current_database,
-    resolve_tables,
+    resolve_capture,
 )
 from pgcdc_dagster.postgres.slot import (
     create_slot_with_snapshot,
@@ -126,13 +127,19 @@ class SnapshotReport:
         return self.rows_read / self.seconds if self.seconds > 0 else 0.0
 
 
-def load_contexts(settings: CaptureSettings) -> list[TableContext]:
-    """Check the server, resolve the include list and build every table's context."""
+def load_capture(settings: CaptureSettings) -> tuple[list[TableContext], list[SkippedTable]]:
+    """Check the server, resolve the include list and build every captured table's context;
+    also the matched tables left out (not capturable: no key, UNLOGGED, no SELECT, ...)."""
     with connection(settings.dsn) as conn:
         check_server(conn)
         key_for = parse_column_options(tuple(settings.column_options)).key_for
-        relations = resolve_tables(conn, settings.include, settings.exclude, key_for=key_for)
-        return [build_context(conn, r, settings) for r in relations]
+        found = resolve_capture(conn, settings.include, settings.exclude, key_for=key_for)
+        return [build_context(conn, r, settings) for r in found.relations], found.skipped
+
+
+def load_contexts(settings: CaptureSettings) -> list[TableContext]:
+    """The captured tables' contexts (:func:`load_capture` without the skipped tables)."""
+    return load_capture(settings)[0]
 
 
 def has_offset(ctx: TableContext) -> bool:

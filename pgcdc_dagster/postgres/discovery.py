@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import psycopg2.extensions
 
 from pgcdc_dagster.cdc.changes import Column, Relation
 from pgcdc_dagster.exceptions import ConfigurationError, MissingPrimaryKeyError, TableNotFoundError
+from pgcdc_dagster.names import display_name
 
 MIN_SERVER_VERSION = 140000
 
 _TABLES_SQL = """
-SELECT c.oid, n.nspname, c.relname, c.relreplident
+SELECT c.oid, n.nspname, c.relname, c.relreplident, c.relpersistence,
+       has_table_privilege(c.oid, 'SELECT')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%%'
@@ -82,20 +85,88 @@ KeyFor = Callable[[str, str, Sequence[str]], Sequence[str] | None]
 """``message.key.columns`` lookup: (schema, table, column names) -> key columns or None."""
 
 
+@dataclass(frozen=True)
+class SkippedTable:
+    """A table the include list matches that cannot be captured, and why."""
+
+    schema: str
+    table: str
+    reason: str
+    fix: str
+
+    def describe(self) -> str:
+        return f"{display_name(self.schema, self.table)}: {self.reason} (fix: {self.fix})"
+
+
+@dataclass
+class Resolution:
+    """The tables to capture, and those left out (matched, but not capturable)."""
+
+    relations: list[Relation] = field(default_factory=list)
+    skipped: list[SkippedTable] = field(default_factory=list)
+
+    def warning(self) -> str:
+        """One message listing the skipped tables (empty when none)."""
+        if not self.skipped:
+            return ""
+        return (f"{len(self.skipped)} table(s) matched by the include list are left out of "
+                "capture (the others are captured): "
+                + "; ".join(t.describe() for t in self.skipped))
+
+
+def names_table(patterns: Sequence[str], schema: str, table: str) -> bool:
+    """True when a pattern names ``schema.table`` literally (``public.events`` or
+    ``public\\.events``), not through a wildcard: an explicit request for that table."""
+    return any(re.sub(r"\\(.)", r"\1", p) == f"{schema}.{table}" for p in patterns)
+
+
+def _unusable(schema: str, table: str, persistence: str, readable: bool,
+              replica_identity: str) -> SkippedTable | None:
+    """Why a matched table cannot be captured whatever its key (None: it can be)."""
+    name = display_name(schema, table)
+    if persistence == "u":
+        return SkippedTable(schema, table, "an UNLOGGED table writes no WAL, so logical "
+                            "decoding never sees its changes", f"ALTER TABLE {name} SET LOGGED")
+    if not readable:
+        return SkippedTable(schema, table, "the capture user has no SELECT privilege on it, "
+                            "so it cannot be snapshotted",
+                            f"GRANT SELECT ON {name} TO <capture user>")
+    if replica_identity == "n":
+        return SkippedTable(schema, table, "REPLICA IDENTITY NOTHING: publishing it would "
+                            "make the source's own UPDATE and DELETE on it fail",
+                            f"ALTER TABLE {name} REPLICA IDENTITY DEFAULT (with a primary key) "
+                            "or FULL")
+    return None
+
+
 def resolve_tables(conn: psycopg2.extensions.connection, include: Sequence[str],
                    exclude: Sequence[str] = (), *, key_for: KeyFor | None = None
                    ) -> list[Relation]:
-    """Return the captured tables, in name order, as relations whose key flags mark the key.
+    """The captured tables of :func:`resolve_capture` (the skipped ones left out)."""
+    return resolve_capture(conn, include, exclude, key_for=key_for).relations
+
+
+def resolve_capture(conn: psycopg2.extensions.connection, include: Sequence[str],
+                    exclude: Sequence[str] = (), *, key_for: KeyFor | None = None
+                    ) -> Resolution:
+    """Resolve the include list: the captured tables, in name order, as relations whose key
+    flags mark the key, and the matched tables left out.
 
     Patterns are Debezium ``table.include.list`` / ``table.exclude.list`` regular expressions
     matched against ``schema.table``. An empty include list captures every table. A table
     with neither a primary key nor a replica identity index is keyed by ``key_for``
     (``message.key.columns``) when it names columns of the table.
 
+    A matched table that cannot be captured (no key, UNLOGGED, no SELECT privilege, REPLICA
+    IDENTITY NOTHING) is left out with its reason and fix, so one such table does not stop
+    the capture of the others, unless an include pattern names it literally (an explicit
+    request): then the error is raised.
+
     Raises:
         TableNotFoundError: an include pattern matches no table.
-        MissingPrimaryKeyError: a matched table has neither a primary key nor a replica
-            identity index nor ``message.key.columns``, so current state cannot be keyed.
+        MissingPrimaryKeyError: a table the include list names has neither a primary key nor
+            a replica identity index nor ``message.key.columns``.
+        ConfigurationError: a table the include list names cannot be captured otherwise.
     """
     include = compile_patterns(include, "PGCDC_TABLES (table.include.list)")
     exclude = compile_patterns(exclude, "table.exclude.list")
@@ -103,20 +174,41 @@ def resolve_tables(conn: psycopg2.extensions.connection, include: Sequence[str],
         cur.execute(_TABLES_SQL)
         candidates = cur.fetchall()
     for pattern in include:
-        if not any(re.fullmatch(pattern, f"{s}.{t}") for _, s, t, _ in candidates):
+        if not any(re.fullmatch(pattern, f"{s}.{t}") for _, s, t, *_ in candidates):
             raise TableNotFoundError(
                 f"no table in the source matches {pattern!r} from the include list. Check the "
                 "name (schema.table, a regular expression), create the table, or remove it "
                 "from PGCDC_TABLES."
             )
-    relations = []
-    for oid, schema, table, ident in candidates:
+    out = Resolution()
+    for oid, schema, table, ident, persistence, readable in candidates:
         if include and not _matches(include, schema, table):
             continue
         if _matches(exclude, schema, table):
             continue
-        relations.append(describe_table(conn, oid, schema, table, ident, key_for=key_for))
-    return relations
+        explicit = names_table(include, schema, table)
+        skipped = _unusable(schema, table, str(persistence), bool(readable), str(ident))
+        if skipped is not None:
+            if explicit:
+                raise ConfigurationError(
+                    f"PGCDC_TABLES names {display_name(schema, table)}, which cannot be "
+                    f"captured: {skipped.reason}. Fix: {skipped.fix}; or remove it from "
+                    "PGCDC_TABLES.")
+            out.skipped.append(skipped)
+            continue
+        try:
+            out.relations.append(describe_table(conn, oid, schema, table, ident,
+                                                key_for=key_for))
+        except MissingPrimaryKeyError:
+            if explicit:
+                raise
+            out.skipped.append(SkippedTable(
+                schema, table, "no primary key, replica identity index or message.key.columns, "
+                "so its current state cannot be keyed (and publishing it would make the "
+                "source's own UPDATE and DELETE on it fail)",
+                "add a primary key, or name its key in message.key.columns with REPLICA "
+                "IDENTITY FULL, or exclude it (table.exclude.list)"))
+    return out
 
 
 def describe_table(conn: psycopg2.extensions.connection, oid: int, schema: str, table: str,
@@ -142,9 +234,10 @@ def describe_table(conn: psycopg2.extensions.connection, oid: int, schema: str, 
     if not key and key_for is not None:
         key = list(key_for(schema, table, [str(c[0]) for c in cols]) or ())
     if not key:
+        name = display_name(schema, table)
         raise MissingPrimaryKeyError(
-            f"table {schema}.{table} has no primary key, so its current state cannot be keyed. "
-            f"Fix: add one (ALTER TABLE {schema}.{table} ADD PRIMARY KEY (...)), or set REPLICA "
+            f"table {name} has no primary key, so its current state cannot be keyed. "
+            f"Fix: add one (ALTER TABLE {name} ADD PRIMARY KEY (...)), or set REPLICA "
             "IDENTITY USING INDEX on a unique index of NOT NULL columns, or name its key in "
             "message.key.columns (with REPLICA IDENTITY FULL), or exclude the table from "
             "PGCDC_TABLES."
@@ -192,7 +285,8 @@ def tables_without_replica_identity(conn: psycopg2.extensions.connection,
 
 def replica_identity_fix(schema: str, table: str) -> str:
     """How to give ``schema.table`` a replica identity (the error text's fix)."""
-    return (f"ALTER TABLE {schema}.{table} REPLICA IDENTITY FULL (or ADD PRIMARY KEY, or "
+    return (f"ALTER TABLE {display_name(schema, table)} REPLICA IDENTITY FULL (or ADD "
+            "PRIMARY KEY, or "
             "REPLICA IDENTITY USING INDEX on a unique index of NOT NULL columns)")
 
 

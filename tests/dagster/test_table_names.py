@@ -1,0 +1,161 @@
+"""Unusual table names and unusable tables in the Dagster code location (issue 18 items 5, 7).
+
+One source database holds ordinary tables next to tables named with a space, quotes, a
+slash, non-ASCII characters, ``a-b`` next to ``a_b``, ``A`` next to ``a``, schemas whose
+names collide under Dagster's own name derivation (``sales_eu.orders`` / ``sales.eu_orders``),
+plus a keyless and an UNLOGGED table. Under the default include list the code location loads
+(``defs()``, what the loader calls), every capturable table has its own valid asset keys, the
+two unusable ones are left out with a warning and listed in the bronze run's metadata, and the
+initial snapshot, a micro-batch, an incremental snapshot of a hostile name and every check
+run through Dagster with the real names in the assets' metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import dagster as dg
+import pytest
+from dagster._core.definitions.utils import has_valid_name_chars
+from psycopg2 import sql
+
+from assets.keys import table_of_key
+from pgcdc_dagster.definitions import defs
+from pgcdc_dagster.exceptions import MissingPrimaryKeyError
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.names import partition_key
+from tests.support.compare import assert_silver_equals_source
+
+pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
+
+CAPTURED = [("public", "orders"), ("public", "my table"), ("public", 'q"uote'),
+            ("public", "it's"), ("public", "sl/ash"), ("public", "café"), ("public", "a-b"),
+            ("public", "a_b"), ("public", "A"), ("public", "a"), ("sales_eu", "orders"),
+            ("sales", "eu_orders"), ("Straße ü", "Ünïcode 表")]
+UNUSABLE = {("public", "keyless"): "no primary key", ("public", "scratch"): "UNLOGGED"}
+
+
+def _create(conn) -> None:
+    with conn.cursor() as cur:
+        for schema in {s for s, _ in CAPTURED} - {"public"}:
+            cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        for n, (schema, table) in enumerate(CAPTURED):
+            name = sql.Identifier(schema, table)
+            cur.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(name))
+            cur.execute(sql.SQL("INSERT INTO {} SELECT g, %s || g FROM generate_series(1, %s) g"
+                                ).format(name), (f"{table}:", 10 + n))
+        cur.execute("CREATE TABLE keyless (v text); INSERT INTO keyless VALUES ('x')")
+        cur.execute("CREATE UNLOGGED TABLE scratch (id int PRIMARY KEY)")
+
+
+def _change(conn) -> None:
+    with conn.cursor() as cur:
+        for schema, table in CAPTURED:
+            name = sql.Identifier(schema, table)
+            cur.execute(sql.SQL("UPDATE {} SET v = v || '!' WHERE id <= 3").format(name))
+            cur.execute(sql.SQL("DELETE FROM {} WHERE id = 5").format(name))
+            cur.execute(sql.SQL("INSERT INTO {} VALUES (1000, 'new')").format(name))
+        cur.execute("UPDATE keyless SET v = 'y'")  # the source's own writes still work
+
+
+def _mats(result: dg.ExecuteInProcessResult) -> dict[dg.AssetKey, dict]:
+    out = {}
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization  # type: ignore[union-attr]
+        out[mat.asset_key] = {k: v.value for k, v in mat.metadata.items()}
+    return out
+
+
+def test_unusual_names_and_unusable_tables(pg_dsn, pg_conn, spark, lakehouse, monkeypatch,
+                                           caplog) -> None:
+    _create(pg_conn)
+    for name, value in {"PGCDC_PG_DSN": pg_dsn, "PGCDC_LAKEHOUSE": str(lakehouse),
+                        "PGCDC_SLOT": "names", "PGCDC_PUBLICATION": "names"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("PGCDC_TABLES", raising=False)
+
+    with caplog.at_level(logging.WARNING):
+        loaded = defs()  # the default include list: every table
+    warning = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert "2 table(s) matched by the include list are left out" in warning
+    for (_, table), reason in UNUSABLE.items():
+        assert f"public.{table}: " in warning and reason in warning
+
+    graph = loaded.resolve_asset_graph()
+    keys = graph.get_all_asset_keys()
+    by_layer: dict[str, dict[tuple[str, str], dg.AssetKey]] = {}
+    for key in keys:
+        if len(key.path) == 3 and key.path[1] != "_pgcdc":
+            by_layer.setdefault(key.path[0], {})[table_of_key(key)] = key
+            assert all(has_valid_name_chars(p) for p in key.path), key
+    for layer in ("source", "bronze", "silver"):
+        assert sorted(by_layer[layer]) == sorted(CAPTURED)
+        assert len(set(by_layer[layer].values())) == len(CAPTURED)
+    assert by_layer["bronze"][("public", "orders")].path == ["bronze", "public", "orders"]
+    assert by_layer["bronze"][("public", "a_b")].path == ["bronze", "public", "a_b"]
+    assert by_layer["bronze"][("public", "A")] != by_layer["bronze"][("public", "a")]
+    # the bronze asset of sales.eu_orders depends on its own source (not sales_eu.orders')
+    bronze = by_layer["bronze"][("sales", "eu_orders")]
+    assert graph.get(bronze).parent_keys == {by_layer["source"][("sales", "eu_orders")],
+                                             dg.AssetKey(["source", "replication_slot"])}
+    spec = graph.get(by_layer["silver"][("public", 'q"uote')])
+    assert spec.metadata["pgcdc/table"] == 'q"uote'
+    assert spec.metadata["pgcdc/source_table"] == 'public."q""uote"'
+    assert 'public."q""uote"' in (spec.description or "")
+    assert graph.get(by_layer["silver"][("public", "a-b")]).tags["pgcdc/table"] == "a-b"
+
+    instance = dg.DagsterInstance.ephemeral()
+    result = loaded.resolve_job_def("initial_snapshot").execute_in_process(instance=instance)
+    assert result.success
+    mats = _mats(result)
+    for pair in CAPTURED:
+        assert mats[by_layer["bronze"][pair]]["snapshot_rows"] == 10 + CAPTURED.index(pair)
+        assert mats[by_layer["silver"][pair]]["delta_version"] >= 0
+    meta = mats[by_layer["bronze"][("public", "orders")]]
+    assert meta["skipped_tables_count"] == 2
+    assert "public.keyless: no primary key" in meta["skipped_tables"]
+    assert "SET LOGGED" in meta["skipped_tables"]
+
+    _change(pg_conn)
+    result = loaded.resolve_job_def("cdc_microbatch").execute_in_process(instance=instance)
+    assert result.success
+    mats = _mats(result)
+    for pair in CAPTURED:
+        bronze_meta = mats[by_layer["bronze"][pair]]
+        assert (bronze_meta["events_c"], bronze_meta["events_u"], bronze_meta["events_d"]) \
+            == (1, 3, 1), pair
+        uri = table_uri(str(lakehouse), "silver", *pair)
+        assert assert_silver_equals_source(pg_conn, uri, *pair, ["id"]) == 10 + \
+            CAPTURED.index(pair)
+
+    hostile = ("public", "it's")
+    part = partition_key(*hostile)
+    assert part in instance.get_dynamic_partitions("pgcdc_incremental_tables")
+    result = loaded.resolve_job_def("incremental_snapshot").execute_in_process(
+        instance=instance, partition_key=part)
+    assert result.success
+    mats = _mats(result)
+    assert mats[by_layer["silver"][hostile]]["capture_kind"] == "incremental"
+
+    result = loaded.resolve_job_def("capture_checks").execute_in_process(instance=instance)
+    assert result.success
+    evaluations = result.get_asset_check_evaluations()
+    by_check = {(e.asset_key, e.check_name): e for e in evaluations}
+    for pair in CAPTURED:
+        for layer, check in (("silver", "matches_source"), ("silver", "schema_matches_source"),
+                             ("bronze", "lsn_windows_contiguous")):
+            evaluation = by_check[(by_layer[layer][pair], check)]
+            assert evaluation.passed, (pair, check, evaluation.description)
+
+
+def test_a_named_keyless_table_is_refused(pg_dsn, pg_conn, monkeypatch) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE keyless (v text); CREATE TABLE keyed (id int PRIMARY KEY)")
+    monkeypatch.setenv("PGCDC_PG_DSN", pg_dsn)
+    monkeypatch.setenv("PGCDC_TABLES", "public.keyed,public.keyless")
+    with pytest.raises(MissingPrimaryKeyError, match=r"message\.key\.columns"):
+        defs()
+    monkeypatch.setenv("PGCDC_TABLES", "public\\..*")  # a wildcard: left out, not refused
+    loaded = defs()
+    assert {tuple(k.path) for k in loaded.resolve_all_asset_keys() if k.path[0] == "silver"} \
+        == {("silver", "public", "keyed")}
