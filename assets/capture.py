@@ -31,6 +31,7 @@ from assets.keys import (
     table_tags,
 )
 from assets.partitions import ensure_partitions
+from assets.slot_hold import hold_slot_for_run
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, select_contexts
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
@@ -349,6 +350,7 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
                postgres: PostgresResource, lakehouse: LakehouseResource,
                capture: CaptureResource,
                spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
+        hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
         settings = capture.settings(postgres.dsn, lakehouse.root)
         ensure_partitions(context.instance, tables)  # incremental-snapshot backfills
         before = {(s, t): table_stats(lakehouse.table("bronze", s, t)) for s, t in tables}

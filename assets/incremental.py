@@ -52,6 +52,7 @@ from assets.capture import (
 from assets.jobs import INCREMENTAL
 from assets.keys import SLOT_KEY, bronze_key, dep_ins, silver_key, source_key
 from assets.partitions import INCREMENTAL_PARTITIONS, partition_table
+from assets.slot_hold import hold_slot_for_run
 from pgcdc_dagster.capture.incremental import IncrementalReport, apply_signal, run_incremental
 from pgcdc_dagster.capture.incremental_state import ProgressStore, TableProgress
 from pgcdc_dagster.capture.silver_apply import apply_silver
@@ -214,6 +215,7 @@ def build_incremental(tables: Sequence[tuple[str, str]],
                              postgres: PostgresResource, lakehouse: LakehouseResource,
                              capture: CaptureResource,
                              spark: SparkResource) -> dg.MaterializeResult[Any]:
+        hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
         settings = capture.settings(postgres.dsn, lakehouse.root)
         if config.chunk_size > 0:
             settings = dataclasses.replace(settings, incremental_chunk_size=config.chunk_size)

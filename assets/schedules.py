@@ -11,9 +11,11 @@ persists in the instance.
 import dagster as dg
 from dagster._utils.schedules import is_valid_cron_schedule
 
-from assets.jobs import CaptureJobs, run_in_flight
+from assets.jobs import CaptureJobs
+from assets.run_liveness import live_run_in_flight
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.ops.settings import ENV, MonitorSettings
+from resources import CaptureResource, PostgresResource
 
 MICROBATCH_SCHEDULE = "cdc_microbatch_schedule"
 CHECKS_SCHEDULE = "capture_checks_schedule"
@@ -37,10 +39,16 @@ def build_schedules(jobs: CaptureJobs,
         name=MICROBATCH_SCHEDULE, cron_schedule=cron, job=jobs.microbatch,
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description=f"Run cdc_microbatch on '{cron}' ({ENV['microbatch_cron']}); a tick is "
-        "skipped while a cdc_microbatch or initial_snapshot run is still queued or running.")
+        "skipped while a cdc_microbatch, initial_snapshot or incremental_snapshot run is still "
+        "queued or running. A run whose worker died (nobody holds the slot's lock, nothing "
+        f"logged for {settings.dead_run_grace_s} s, {ENV['dead_run_grace_s']}) is marked failed "
+        "and the tick goes on.")
     def cdc_microbatch_schedule(
-            context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
-        running = run_in_flight(context.instance)
+            context: dg.ScheduleEvaluationContext, postgres: PostgresResource,
+            capture: CaptureResource) -> dg.RunRequest | dg.SkipReason:
+        running = live_run_in_flight(context.instance, postgres.dsn, capture.slot,
+                                     settings.dead_run_grace_s, context.log,
+                                     noticed_by=MICROBATCH_SCHEDULE)
         if running is not None:
             return dg.SkipReason(f"{running} is still queued or running")
         return dg.RunRequest(tags={"pgcdc/trigger": "schedule"})

@@ -26,8 +26,9 @@ from collections.abc import Sequence
 import dagster as dg
 import psycopg2
 
-from assets.jobs import CaptureJobs, run_in_flight
+from assets.jobs import CaptureJobs
 from assets.keys import SLOT_KEY
+from assets.run_liveness import live_run_in_flight
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.ops.discovery import describe, discover
 from pgcdc_dagster.ops.pending_changes import count_pending_changes
@@ -110,7 +111,9 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
                     "pending_changes_capped": count.truncated})
             if pending < threshold:
                 return skip(f"{below}; {pending} pending row changes, below {threshold}")
-        running = run_in_flight(context.instance)
+        running = live_run_in_flight(context.instance, postgres.dsn, capture.slot,
+                                     settings.dead_run_grace_s, context.log,
+                                     noticed_by=SLOT_LAG_SENSOR)
         if running is not None:
             return skip(f"lag {health.lag_bytes} bytes, but {running} is still queued or "
                         "running")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from pgcdc_dagster.capture.settings import (
     DEFAULT_INCREMENTAL_CHUNK_SIZE,
@@ -12,6 +12,7 @@ from pgcdc_dagster.capture.settings import (
 )
 from pgcdc_dagster.cdc.column_options import ColumnOptions
 from pgcdc_dagster.cdc.typeconv import TypeModes
+from pgcdc_dagster.postgres.slot_lock import SlotLease, acquire
 
 
 def split_list(value: str) -> tuple[str, ...]:
@@ -150,6 +151,24 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         "statement that runs user SQL: the check and the chunk queries of an "
         "additional-conditions filter, the check and the snapshot chunk reads of a "
         "snapshot.select.statement.overrides SELECT. 0: no timeout.")
+
+    _slot_lease: SlotLease | None = PrivateAttr(default=None)
+
+    def hold_slot(self, dsn: str, run_id: str) -> SlotLease:
+        """Take the slot's lock (one reader per slot) and keep it until the run ends.
+
+        Raises:
+            SlotInUseError: another reader holds it (the message names it).
+        """
+        if self._slot_lease is None or not self._slot_lease.held:
+            self._slot_lease = acquire(dsn, self.slot, run_id)
+        return self._slot_lease
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        """The run ends: free the slot's lock if this run took it."""
+        lease, self._slot_lease = self._slot_lease, None
+        if lease is not None:
+            lease.release()
 
     def settings(self, dsn: str, lakehouse: str) -> CaptureSettings:
         """The engine's settings for this capture."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.tables import TableContext
@@ -34,7 +36,7 @@ from pgcdc_dagster.cdc.metadata_events import (
     transaction_rows,
 )
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
-from pgcdc_dagster.exceptions import PgCdcError
+from pgcdc_dagster.exceptions import PgCdcError, SlotInUseError
 from pgcdc_dagster.lake.delta import (
     DataFile,
     commit_files,
@@ -291,8 +293,9 @@ class BronzeWindowWriter:
             schema = pa.schema(table.schema().to_arrow())
             for incoming in pending.schemas:
                 schema = evolve(table, incoming, f"bronze of {pending.ctx.name}")
-            commit_files(table, [f.result() for f in pending.files], schema, mode="append",
-                         app_id=pending.ctx.bronze_app_id, version=int(upto), metadata=meta)
+            _commit_once(table, [f.result() for f in pending.files], schema,
+                         pending.ctx.bronze_app_id, pending.done, upto, meta,
+                         f"bronze of {pending.ctx.name}")
             crash_point("between_table_commits")
             counts[pending.ctx.name] = dict(pending.ops)
         for name, schema, parts in (("messages", MESSAGES_SCHEMA, self._messages),
@@ -302,8 +305,8 @@ class BronzeWindowWriter:
             uri, app_id = self._meta_uri(name), self._meta_app_id(name)
             table = ensure_table(uri, schema)
             data = pa.concat_tables(parts)
-            commit_files(table, [write_part(uri, data, "part-stream")], schema, mode="append",
-                         app_id=app_id, version=int(upto), metadata=meta)
+            _commit_once(table, [write_part(uri, data, "part-stream")], schema, app_id,
+                         self._meta_done.get(name), upto, meta, f"bronze/_pgcdc/{name}")
             counts[f"_pgcdc.{name}"] = {"m" if name == "messages" else "tx": data.num_rows}
         self._pending.clear()
         self._writing.clear()
@@ -311,6 +314,39 @@ class BronzeWindowWriter:
         self._transactions.clear()
         self._meta_done.clear()
         return counts
+
+
+def _commit_once(table: DeltaTable, files: Sequence[DataFile], schema: pa.Schema, app_id: str,
+                 expected: int | None, upto: Lsn, meta: dict[str, str], what: str) -> None:
+    """Append a window's files unless another writer committed to ``app_id`` since the
+    window was read (its events were filtered against ``expected``, the app transaction's
+    version then): that writer read the same slot, and appending would duplicate events.
+
+    The check is atomic with the commit: ``table`` is the snapshot the check read, and
+    delta-rs refuses the commit ("Concurrent transaction") when a commit made after that
+    snapshot carries the same app id.
+
+    Raises:
+        SlotInUseError: another writer committed this table's window first; nothing of this
+            window was committed for this table.
+    """
+    found = committed_version(table, app_id)
+    if found == expected:
+        try:
+            commit_files(table, files, schema, mode="append", app_id=app_id,
+                         version=int(upto), metadata=meta)
+            return
+        except CommitFailedError:
+            found = committed_version(open_table(table.table_uri), app_id)
+            if found == expected:
+                raise
+    theirs = "nothing" if found is None else f"up to {Lsn(found)}"
+    mine = "nothing" if expected is None else f"up to {Lsn(expected)}"
+    raise SlotInUseError(
+        f"{what}: another writer committed {theirs} while this run read its window (bronze "
+        f"held {mine} then); appending the window up to {upto} would duplicate its events, "
+        "so it was not committed. Two readers used the same replication slot at once: give "
+        "each capture its own slot, and let one run at a time read it (the slot lock does).")
 
 
 def write_window(window: Window, upto: Lsn, contexts: dict[tuple[str, str], TableContext],

@@ -56,6 +56,7 @@ from pgcdc_dagster.postgres.chunks import (
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import current_database
 from pgcdc_dagster.postgres.signals import canonical_condition, validate_condition
+from pgcdc_dagster.postgres.slot_lock import slot_guard
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +366,16 @@ def run_incremental(settings: CaptureSettings, *,
                     progress: Callable[[str], None] = log.info,
                     max_rounds: int = 100_000) -> IncrementalReport:
     """Run the requested incremental snapshots (``only``: ``schema.table`` names) to the end,
-    streaming every captured table meanwhile; return per-table progress."""
+    streaming every captured table meanwhile; return per-table progress.
+
+    Holds the slot's lock throughout (progress, watermarks, chunk reads, windows): another
+    reader gets SlotInUseError."""
+    with slot_guard(settings.dsn, settings.slot):
+        return _run_incremental(settings, only, progress, max_rounds)
+
+
+def _run_incremental(settings: CaptureSettings, only: Collection[str] | None,
+                     progress: Callable[[str], None], max_rounds: int) -> IncrementalReport:
     started = time.monotonic()
     store = ProgressStore(settings.lakehouse, settings.slot)
     contexts = load_contexts(settings)

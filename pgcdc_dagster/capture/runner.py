@@ -25,6 +25,7 @@ from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import SkippedTable, current_database
 from pgcdc_dagster.postgres.slot import ensure_publication, slot_info
+from pgcdc_dagster.postgres.slot_lock import slot_guard
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,6 +64,10 @@ def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot
                progress: Callable[[str], None] = log.info) -> BronzeRun:
     """Snapshot if ``snapshot.mode`` asks for one, then read windows into bronze.
 
+    The whole step holds the slot's lock (:mod:`pgcdc_dagster.postgres.slot_lock`; re-used
+    when the calling thread holds it already, as a Dagster run does): a second reader gets
+    :class:`~pgcdc_dagster.exceptions.SlotInUseError` before it reads or writes anything.
+
     The snapshot step runs first in every run (``capture/snapshot_modes.py`` has the rules):
     it takes the initial snapshot, snapshots tables that have no offset yet, finishes an
     interrupted snapshot, and, with ``force_snapshot_step`` and ``snapshot.mode = always``,
@@ -70,6 +75,13 @@ def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot
     so that no table ever streams before its snapshot is committed.
     """
     normalise_mode(settings.snapshot_mode)
+    with slot_guard(settings.dsn, settings.slot):
+        return _run_bronze(settings, spark, force_snapshot_step, only, progress)
+
+
+def _run_bronze(settings: CaptureSettings, spark: SparkSession, force_snapshot_step: bool,
+                only: Collection[tuple[str, str]] | None,
+                progress: Callable[[str], None]) -> BronzeRun:
     captured, skipped = load_capture(settings)
     contexts = captured if only is None else [c for c in captured
                                               if c.relation.qualified in only]

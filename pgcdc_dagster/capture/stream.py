@@ -47,6 +47,7 @@ from pgcdc_dagster.postgres.slot import (
     ensure_publication,
     require_usable_slot,
 )
+from pgcdc_dagster.postgres.slot_lock import slot_guard
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,9 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
     report = StreamReport()
     by_name = {c.relation.qualified: c for c in contexts}
     skipped = parse_skipped_operations(settings.skipped_operations)
-    with connection(settings.dsn) as conn:
+    # One reader per slot: the slot's lock is held for the whole loop (the caller's, when it
+    # holds it already) and checked again before each window is made durable.
+    with slot_guard(settings.dsn, settings.slot) as lease, connection(settings.dsn) as conn:
         info = require_usable_slot(conn, settings.slot)
         assert info.confirmed_flush_lsn is not None
         if settings.publication_autocreate == "filtered":
@@ -290,6 +293,7 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                 if hook is not None:
                     hook(window, end)
                 writer.add(window)
+                lease.verify()
                 counts = writer.commit(end, position)
                 crash_point("after_bronze_commit")
                 # Only after every bronze commit may the slot forget the window.

@@ -39,6 +39,7 @@ from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.peek import peek_window
 from pgcdc_dagster.postgres.slot import slot_info
+from pgcdc_dagster.postgres.slot_lock import slot_guard_or_reason
 from pgcdc_dagster.postgres.snapshot_read import read_text_batches
 
 _MASK = (1 << 64) - 1
@@ -276,7 +277,10 @@ def compare_with_source(dsn: str, ctx: TableContext, slot: str, publication: str
         return report
     report.columns = list(target.names)
     cmp = _Comparison(ctx, report, target, convs, keep_limit)
-    with connection(dsn) as conn:
+    with slot_guard_or_reason(dsn, slot) as busy, connection(dsn) as conn:
+        if busy is not None:  # it peeks the slot: one reader at a time
+            report.reason = busy
+            return report
         info = slot_info(conn, slot)
         if info is None or info.confirmed_flush_lsn is None:
             report.reason = f"replication slot {slot!r} does not exist or is invalidated"

@@ -22,6 +22,7 @@ ENV = {
     "max_retained_bytes": "PGCDC_SLOT_MAX_RETAINED_BYTES",
     "max_spill_ratio": "PGCDC_SLOT_MAX_SPILL_RATIO",
     "owners": "PGCDC_OWNERS",
+    "dead_run_grace_s": "PGCDC_DEAD_RUN_GRACE_SECONDS",
 }
 
 _UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
@@ -65,6 +66,10 @@ class MonitorSettings:
     """Bronze commits and capture runs the LSN-window check looks back over."""
     owners: tuple[str, ...] = ("team:pgcdc",)
     """Owners of the assets (``PGCDC_OWNERS``: comma-separated emails or ``team:name``)."""
+    dead_run_grace_s: int = 60
+    """A capture run that took the slot's lock is dead once nobody holds the lock and the run
+    logged nothing for this long (``PGCDC_DEAD_RUN_GRACE_SECONDS``): the schedule and the
+    lag sensor then mark it failed and go on (``assets/run_liveness.py``)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> MonitorSettings:
@@ -95,6 +100,8 @@ class MonitorSettings:
             lag_trigger_changes=_count(get("lag_trigger_changes"),
                                        ENV["lag_trigger_changes"], base.lag_trigger_changes),
             slot=slot,
+            dead_run_grace_s=_count(get("dead_run_grace_s"), ENV["dead_run_grace_s"],
+                                    base.dead_run_grace_s),
             owners=tuple(o.strip() for o in owners.split(",") if o.strip())
             if owners else base.owners,
         )

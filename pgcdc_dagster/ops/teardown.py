@@ -14,6 +14,7 @@ from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, SlotInUseError
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.slot import drop_publication, drop_slot, slot_info
+from pgcdc_dagster.postgres.slot_lock import slot_guard
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ def teardown(dsn: str, slot: str, publication: str, confirm: str, *,
              drop_publication_too: bool = True) -> TeardownReport:
     """Drop slot and (unless told not to) publication, after :func:`check_confirmation`."""
     check_confirmation(slot, confirm)
-    with connection(dsn) as conn:
+    with slot_guard(dsn, slot), connection(dsn) as conn:
         info = slot_info(conn, slot)
         if info is not None and info.active:
             raise SlotInUseError(

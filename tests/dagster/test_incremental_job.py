@@ -209,9 +209,9 @@ def test_failed_partition_is_retried_and_resumes(capture, pg_conn) -> None:
 def _tick(definitions: dg.Definitions, instance: dg.DagsterInstance,
           cursor: str | None) -> dg.SensorResult:
     sensor = definitions.resolve_sensor_def(SIGNAL_SENSOR)
-    context = dg.build_sensor_context(instance=instance, cursor=cursor,
-                                      resources=definitions.resources)
-    result = sensor(context)
+    with dg.build_sensor_context(instance=instance, cursor=cursor,
+                                 resources=definitions.resources) as context:
+        result = sensor(context)
     assert isinstance(result, dg.SensorResult)
     return result
 

@@ -49,27 +49,33 @@ def test_microbatch_interval_comes_from_the_environment() -> None:
 
 
 def test_schedule_requests_a_run_unless_one_is_in_flight() -> None:
-    schedule = definitions(MonitorSettings()).resolve_schedule_def("cdc_microbatch_schedule")
+    defs = definitions(MonitorSettings())
+    schedule = defs.resolve_schedule_def("cdc_microbatch_schedule")
+
+    def tick(instance: dg.DagsterInstance) -> object:
+        with dg.build_schedule_context(instance=instance, resources=defs.resources) as context:
+            return schedule(context)
+
     with dg.instance_for_test() as instance:
-        request = schedule(dg.build_schedule_context(instance=instance))
+        request = tick(instance)
         assert isinstance(request, dg.RunRequest)
         assert request.tags["pgcdc/trigger"] == "schedule"
 
         running = dg.DagsterRun(job_name="cdc_microbatch", run_id=str(uuid.uuid4()),
                                 status=dg.DagsterRunStatus.STARTED)
         instance.add_run(running)
-        skipped = schedule(dg.build_schedule_context(instance=instance))
+        skipped = tick(instance)
         assert isinstance(skipped, dg.SkipReason)
         assert f"cdc_microbatch run {running.run_id} is still queued or running" in \
             str(skipped.skip_message)
 
         # Once it has finished, the next tick runs again; a snapshot run holds it back too.
         instance.report_run_failed(running)
-        assert isinstance(schedule(dg.build_schedule_context(instance=instance)),
+        assert isinstance(tick(instance),
                           dg.RunRequest)
         snapshot = dg.DagsterRun(job_name="initial_snapshot", run_id=str(uuid.uuid4()),
                                  status=dg.DagsterRunStatus.STARTED)
         instance.add_run(snapshot)
-        held = schedule(dg.build_schedule_context(instance=instance))
+        held = tick(instance)
         assert isinstance(held, dg.SkipReason)
         assert f"initial_snapshot run {snapshot.run_id}" in str(held.skip_message)

@@ -35,9 +35,9 @@ def resources(dsn: str, lakehouse, tables: str = "public\\..*") -> dict[str, obj
 def evaluate(definitions: dg.Definitions, name: str, instance: dg.DagsterInstance,
              cursor: str | None) -> dg.SensorResult:
     sensor = definitions.resolve_sensor_def(name)
-    context = dg.build_sensor_context(instance=instance, cursor=cursor,
-                                      resources=definitions.resources)
-    result = sensor(context)
+    with dg.build_sensor_context(instance=instance, cursor=cursor,
+                                 resources=definitions.resources) as context:
+        result = sensor(context)
     assert isinstance(result, dg.SensorResult)
     return result
 
