@@ -55,6 +55,7 @@ from pgcdc_dagster.postgres.chunks import (
 )
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import current_database
+from pgcdc_dagster.postgres.privileges import explains_privileges
 from pgcdc_dagster.postgres.signals import canonical_condition, validate_condition
 from pgcdc_dagster.postgres.slot_lock import slot_guard
 
@@ -77,6 +78,7 @@ class SignalOutcome:
     note: str
 
 
+@explains_privileges
 def apply_signal(settings: CaptureSettings, signal: Signal, *,
                  chunk_size: int | None = None,
                  contexts: Sequence[TableContext] | None = None) -> SignalOutcome:
@@ -361,6 +363,7 @@ def _resume(p: TableProgress, ctx: TableContext) -> None:
         p.pending = None
 
 
+@explains_privileges
 def run_incremental(settings: CaptureSettings, *,
                     only: Collection[str] | None = None,
                     progress: Callable[[str], None] = log.info,

@@ -24,6 +24,7 @@ from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import SkippedTable, current_database
+from pgcdc_dagster.postgres.privileges import explains_privileges
 from pgcdc_dagster.postgres.slot import ensure_publication, slot_info
 from pgcdc_dagster.postgres.slot_lock import slot_guard
 
@@ -59,6 +60,7 @@ def select_contexts(settings: CaptureSettings,
     return [c for c in contexts if c.relation.qualified in only]
 
 
+@explains_privileges
 def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot_step: bool,
                only: Collection[tuple[str, str]] | None = None,
                progress: Callable[[str], None] = log.info) -> BronzeRun:

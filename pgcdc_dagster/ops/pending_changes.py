@@ -24,6 +24,7 @@ import psycopg2
 from psycopg2 import sql
 
 from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.cdc.pgoutput.options import publication_names_value
 from pgcdc_dagster.postgres.connection import connection
 
 _CHANGE_TAGS = tuple(ord(c) for c in "IUDT")
@@ -71,7 +72,8 @@ def count_pending_changes(dsn: str, slot: str, publication: str, upto_lsn: Lsn,
         cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, copy))
         try:
             cur.execute(_COUNT.format(copy=sql.Literal(copy)),
-                        (list(_CHANGE_TAGS), str(upto_lsn), budget, publication))
+                        (list(_CHANGE_TAGS), str(upto_lsn), budget,
+                         publication_names_value([publication])))
             changes, rows = cur.fetchone()
         finally:
             try:

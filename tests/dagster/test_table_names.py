@@ -20,10 +20,12 @@ from dagster._core.definitions.utils import has_valid_name_chars
 from psycopg2 import sql
 
 from assets.keys import table_of_key
-from pgcdc_dagster.definitions import defs
+from pgcdc_dagster.definitions import build_definitions, defs
 from pgcdc_dagster.exceptions import MissingPrimaryKeyError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.names import partition_key
+from pgcdc_dagster.ops.settings import MonitorSettings
+from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
@@ -159,3 +161,32 @@ def test_a_named_keyless_table_is_refused(pg_dsn, pg_conn, monkeypatch) -> None:
     loaded = defs()
     assert {tuple(k.path) for k in loaded.resolve_all_asset_keys() if k.path[0] == "silver"} \
         == {("silver", "public", "keyed")}
+
+
+@pytest.mark.parametrize("publication", ['CDC Pub"1', "MixedCase"])
+def test_lag_sensor_counts_changes_of_a_mixed_case_publication(pg_dsn, pg_conn, lakehouse,
+                                                                publication) -> None:
+    """pgoutput's publication_names is an identifier list: an unquoted MixedCase would be
+    folded to mixedcase (publication not found) and the count would fail."""
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY)")
+        cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE items").format(
+            sql.Identifier(publication)))
+        cur.execute("SELECT pg_create_logical_replication_slot('mixed', 'pgoutput')")
+        for key in range(12):
+            cur.execute("INSERT INTO items VALUES (%s)", (key,))
+    definitions = build_definitions([("public", "items")], {
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "lakehouse": LakehouseResource(root=str(lakehouse)),
+        "capture": CaptureResource(tables="public\\.items", slot="mixed",
+                                   publication=publication),
+        "spark": SparkResource(),
+    }, settings=MonitorSettings(lag_trigger_bytes=1 << 40, retained_trigger_bytes=1 << 40,
+                                lag_trigger_changes=10))
+    sensor = definitions.resolve_sensor_def("slot_lag_sensor")
+    with dg.instance_for_test() as instance:
+        result = sensor(dg.build_sensor_context(instance=instance,
+                                                resources=definitions.resources))
+    assert isinstance(result, dg.SensorResult)
+    assert result.skip_reason is None, result.skip_reason
+    assert result.run_requests[0].tags["pgcdc/pending_changes"] == "12"

@@ -21,6 +21,7 @@ by default.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -63,7 +64,7 @@ class PgOutputOptions:
         """Option name/value pairs in the order the slot functions take them."""
         pairs = [
             ("proto_version", str(self.proto_version)),
-            ("publication_names", ",".join(_quote_name(n) for n in self.publication_names)),
+            ("publication_names", publication_names_value(self.publication_names)),
             ("messages", _bool(self.messages)),
         ]
         if self.binary:
@@ -77,6 +78,12 @@ class PgOutputOptions:
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
+
+
+def publication_names_value(names: Sequence[str]) -> str:
+    """pgoutput's ``publication_names`` option: the names as an identifier list, each quoted
+    unless plain lower case (``SplitIdentifierString`` folds unquoted names to lower case)."""
+    return ",".join(_quote_name(n) for n in names)
 
 
 def _quote_name(name: str) -> str:
