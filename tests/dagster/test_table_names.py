@@ -184,9 +184,9 @@ def test_lag_sensor_counts_changes_of_a_mixed_case_publication(pg_dsn, pg_conn, 
     }, settings=MonitorSettings(lag_trigger_bytes=1 << 40, retained_trigger_bytes=1 << 40,
                                 lag_trigger_changes=10))
     sensor = definitions.resolve_sensor_def("slot_lag_sensor")
-    with dg.instance_for_test() as instance:
-        result = sensor(dg.build_sensor_context(instance=instance,
-                                                resources=definitions.resources))
+    with dg.instance_for_test() as instance, dg.build_sensor_context(
+            instance=instance, resources=definitions.resources) as context:
+        result = sensor(context)
     assert isinstance(result, dg.SensorResult)
     assert result.skip_reason is None, result.skip_reason
     assert result.run_requests[0].tags["pgcdc/pending_changes"] == "12"
