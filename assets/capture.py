@@ -357,7 +357,7 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
         meta_before = {n: table_stats(lakehouse.table("bronze", "_pgcdc", n))
                        for n in META_TABLES}
         started = time.monotonic()
-        run = run_bronze(settings, spark.get_session(), force_snapshot_step=config.snapshot_step,
+        run = run_bronze(settings, spark.lazy(), force_snapshot_step=config.snapshot_step,
                          only=set(tables), progress=context.log.info)
         seconds = time.monotonic() - started
         for note in run.notes:
@@ -387,10 +387,11 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
                spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
         settings = capture.settings(postgres.dsn, lakehouse.root)
         selected = {table_of_key(k) for k in context.selected_asset_keys}
-        session = spark.get_session()
+        session = spark.lazy()
         reports = []
         for ctx in select_contexts(settings, selected):
-            version, bronze_from = _previous(context, silver_key(*ctx.relation.qualified))
+            key = silver_key(*ctx.relation.qualified)
+            version, bronze_from = _previous(context.instance, key)
             before = table_stats(ctx.silver_uri, version) if version is not None \
                 else TableStats(None)
             reports.append((ctx, before, bronze_from, apply_silver(
@@ -405,11 +406,10 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
     return [bronze, silver]
 
 
-def _previous(context: dg.AssetExecutionContext, key: dg.AssetKey) -> tuple[int | None,
-                                                                          int | None]:
-    """Silver Delta version and bronze version applied, as the previous materialization
+def _previous(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[int | None, int | None]:
+    """Delta version and bronze version applied (silver), as the previous materialization
     recorded them (None, None for the first one)."""
-    event = context.instance.get_latest_materialization_event(key)
+    event = instance.get_latest_materialization_event(key)
     if event is None or event.asset_materialization is None:
         return None, None
     meta = event.asset_materialization.metadata

@@ -18,6 +18,7 @@ why, so a micro-batch run never fails because of a check.
 # No ``from __future__ import annotations``: Dagster reads the resource annotations.
 
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import dagster as dg
@@ -142,15 +143,27 @@ def _consistency_result(key: dg.AssetCheckKey, report: ConsistencyReport) -> dg.
         metadata=meta)
 
 
+CAPTURE_RUN = "capture_run"
+"""Metadata flag of the slot observation each lean capture run records (its LSN range)."""
+
+
 def _runs(instance: dg.DagsterInstance, key: dg.AssetKey, limit: int) -> list[RunRange]:
-    """The capture runs' ranges, oldest first, from the bronze materializations."""
-    result = instance.fetch_materializations(key, limit=limit)
+    """The capture runs' ranges, oldest first: the ranges the lean capture runs record on the
+    slot (one observation per run, whatever it changed) merged with the table's own bronze
+    materializations (asset-job and incremental runs), one range per run."""
+    by_run: dict[str, tuple[int, Any]] = {}
+    for obs in instance.fetch_observations(SLOT_KEY, limit=limit).records:
+        event = obs.asset_observation
+        if event is not None and CAPTURE_RUN in event.metadata:
+            by_run[obs.run_id] = (obs.storage_id, event.metadata)
+    for rec in instance.fetch_materializations(key, limit=limit).records:
+        mat = rec.asset_materialization
+        if mat is not None:
+            by_run.setdefault(rec.run_id, (rec.storage_id, mat.metadata))
+    recent = sorted(by_run.items(), key=lambda item: item[1][0])[-limit:]
     runs = []
-    for record in reversed(result.records):
-        mat = record.asset_materialization
-        if mat is None:
-            continue
-        meta = {k: v.value for k, v in mat.metadata.items()}
+    for run_id, (_, metadata) in recent:
+        meta = {k: v.value for k, v in metadata.items()}
 
         def lsn(name: str, meta: dict[str, Any] = meta) -> Lsn | None:
             value = meta.get(name)
@@ -159,7 +172,7 @@ def _runs(instance: dg.DagsterInstance, key: dg.AssetKey, limit: int) -> list[Ru
             except ValueError:
                 return None
 
-        runs.append(RunRange(record.run_id[:8], lsn("snapshot_lsn"), lsn("lsn_start"),
+        runs.append(RunRange(run_id[:8], lsn("snapshot_lsn"), lsn("lsn_start"),
                              lsn("lsn_end")))
     return runs
 
@@ -183,7 +196,51 @@ def _windows_result(key: dg.AssetCheckKey, report: WindowReport,
                                severity=ERROR, description=description, metadata=meta)
 
 
-def _slot_result(health: SlotHealth, settings: MonitorSettings) -> dg.AssetCheckResult:
+def lsn_windows_result(instance: dg.DagsterInstance, key: dg.AssetCheckKey, ctx: TableContext,
+                       confirmed: Lsn | None, settings: MonitorSettings) -> dg.AssetCheckResult:
+    """``lsn_windows_contiguous`` of one table (``confirmed``: the slot's position)."""
+    report = WindowReport(ctx.name)
+    commits, _ = bronze_commits(ctx.bronze_uri, settings.history_limit)
+    app = committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id)
+    check_commits(report, commits, app)
+    check_runs(report, _runs(instance, key.asset_key, settings.history_limit), confirmed)
+    return _windows_result(key, report, confirmed)
+
+
+def schema_result(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
+    """``schema_matches_source`` of one table."""
+    report = compare_schemas(ctx.name, ctx.silver_schema, silver_schema_of(ctx.silver_uri))
+    meta: dict[str, Any] = {
+        "added": ", ".join(report.added), "removed": ", ".join(report.removed),
+        "changed": ", ".join(f"{c}: {a} -> {b}" for c, a, b in report.changed)}
+    return dg.AssetCheckResult(
+        asset_key=key.asset_key, check_name=key.name, passed=report.ok,
+        severity=ERROR if report.changed else WARN, description=report.describe(),
+        metadata=meta)
+
+
+def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableContext],
+                        health: SlotHealth, settings: MonitorSettings
+                        ) -> Iterator[dg.AssetCheckResult]:
+    """The light checks of the given tables (a capture run passes the tables it changed)
+    and of the slot; a check that cannot evaluate reports why, as in the check ops."""
+    yield slot_result(health, settings)
+    for ctx in contexts:
+        s, t = ctx.relation.qualified
+        windows = dg.AssetCheckKey(bronze_key(s, t), LSN_WINDOWS)
+        schema = dg.AssetCheckKey(silver_key(s, t), SCHEMA_MATCHES)
+        for key, evaluate in (
+                (windows, partial(lsn_windows_result, instance, windows, ctx,
+                                  health.confirmed_flush_lsn, settings)),
+                (schema, partial(schema_result, schema, ctx))):
+            try:
+                yield evaluate()
+            except _EXPECTED_ERRORS as exc:
+                yield _not_evaluated(key, redact(str(exc)))
+
+
+def slot_result(health: SlotHealth, settings: MonitorSettings) -> dg.AssetCheckResult:
+    """``slot_healthy`` from the slot's health."""
     problems = health.problems(settings.slot)
     fatal = not health.exists or health.wal_status not in HEALTHY_WAL_STATUS
     meta: dict[str, Any] = {"exists": health.exists}
@@ -228,7 +285,7 @@ def build_asset_checks(tables: Sequence[tuple[str, str]],
     def slot_healthy(postgres: PostgresResource, capture: CaptureResource) -> dg.AssetCheckResult:
         key = dg.AssetCheckKey(SLOT_KEY, SLOT_HEALTHY)
         try:
-            return _slot_result(slot_health(postgres.dsn, capture.slot), settings)
+            return slot_result(slot_health(postgres.dsn, capture.slot), settings)
         except _EXPECTED_ERRORS as exc:
             return _not_evaluated(key, redact(str(exc)))
 
@@ -266,17 +323,7 @@ def _table_checks(tables: Sequence[tuple[str, str]],
     def silver_schema_matches_source(context: dg.AssetCheckExecutionContext,
                                      postgres: PostgresResource, lakehouse: LakehouseResource,
                                      capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
-        def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
-            report = compare_schemas(ctx.name, ctx.silver_schema, silver_schema_of(ctx.silver_uri))
-            meta: dict[str, Any] = {
-                "added": ", ".join(report.added), "removed": ", ".join(report.removed),
-                "changed": ", ".join(f"{c}: {a} -> {b}" for c, a, b in report.changed)}
-            return dg.AssetCheckResult(
-                asset_key=key.asset_key, check_name=key.name, passed=report.ok,
-                severity=ERROR if report.changed else WARN, description=report.describe(),
-                metadata=meta)
-
-        yield from _per_table(context, postgres, lakehouse, capture, evaluate)
+        yield from _per_table(context, postgres, lakehouse, capture, schema_result)
 
     @multi_check(
         name="bronze_lsn_windows", pool=CAPTURE_POOL,
@@ -294,13 +341,7 @@ def _table_checks(tables: Sequence[tuple[str, str]],
         def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
             if not confirmed:
                 confirmed.append(slot_health(postgres.dsn, capture.slot).confirmed_flush_lsn)
-            report = WindowReport(ctx.name)
-            commits, _ = bronze_commits(ctx.bronze_uri, settings.history_limit)
-            app = committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id)
-            check_commits(report, commits, app)
-            runs = _runs(context.instance, key.asset_key, settings.history_limit)
-            check_runs(report, runs, confirmed[0])
-            return _windows_result(key, report, confirmed[0])
+            return lsn_windows_result(context.instance, key, ctx, confirmed[0], settings)
 
         yield from _per_table(context, postgres, lakehouse, capture, evaluate)
 

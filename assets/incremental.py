@@ -261,11 +261,11 @@ def build_incremental(tables: Sequence[tuple[str, str]],
             uri = lakehouse.table("bronze", "_pgcdc", meta_name)
             context.log_event(dg.AssetMaterialization(asset_key=meta_key(meta_name), metadata=(
                 _meta_table_events(meta_name, uri, report, meta_before[meta_name], seconds))))
-        session = spark.get_session()
+        session = spark.lazy()
         health = slot_health(postgres.dsn, capture.slot)
         for name in dict.fromkeys(wanted.values()):
             ctx = by_name[name]
-            version, bronze_from = _previous(context, silver_key(*name))
+            version, bronze_from = _previous(context.instance, silver_key(*name))
             silver_before = table_stats(ctx.silver_uri, version) if version is not None \
                 else TableStats(None)
             silver = apply_silver(ctx, session, settings.silver_spark_threshold_rows)

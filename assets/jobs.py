@@ -1,8 +1,12 @@
 """The capture jobs: initial snapshot, micro-batch, checks (teardown is in operations.py).
 
-``initial_snapshot`` and ``cdc_microbatch`` materialize bronze then silver and run the
-light checks (LSN windows, schema drift, slot health) after them; ``capture_checks`` runs
-every check, including the full silver-against-source comparison.
+``initial_snapshot`` and ``cdc_microbatch`` are lean op jobs (``capture_run.py``): they write
+bronze then silver and report materializations and the light checks (LSN windows, schema
+drift, slot health) of the tables they changed only, so a run's cost follows its changes, not
+the captured table count. ``capture_assets`` is the asset job over every bronze and silver
+asset and its light checks (what the UI's Materialize does): explicit materializations of a
+selection. ``capture_checks`` runs every check, including the full silver-against-source
+comparison.
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
+from assets.capture_run import build_capture_job, build_capture_op
 from assets.checks import light_check_keys
+from pgcdc_dagster.ops.settings import MonitorSettings
 
 INITIAL_SNAPSHOT = "initial_snapshot"
 MICROBATCH = "cdc_microbatch"
 CAPTURE_CHECKS = "capture_checks"
+CAPTURE_ASSETS = "capture_assets"
 TEARDOWN = "teardown"
 INCREMENTAL = "incremental_snapshot"
 
@@ -33,34 +40,40 @@ IN_FLIGHT = (
 
 @dataclass(frozen=True)
 class CaptureJobs:
-    """The asset jobs of one capture."""
+    """The jobs of one capture."""
 
-    initial_snapshot: UnresolvedAssetJobDefinition
-    microbatch: UnresolvedAssetJobDefinition
+    initial_snapshot: dg.JobDefinition
+    microbatch: dg.JobDefinition
     checks: UnresolvedAssetJobDefinition
+    assets: UnresolvedAssetJobDefinition
 
-    def all(self) -> list[UnresolvedAssetJobDefinition]:
-        return [self.initial_snapshot, self.microbatch, self.checks]
+    def all(self) -> list[dg.JobDefinition | UnresolvedAssetJobDefinition]:
+        return [self.initial_snapshot, self.microbatch, self.checks, self.assets]
 
 
-def build_jobs(tables: Sequence[tuple[str, str]]) -> CaptureJobs:
+def build_jobs(tables: Sequence[tuple[str, str]],
+               settings: MonitorSettings | None = None) -> CaptureJobs:
     """The capture jobs for the given tables."""
+    settings = settings if settings is not None else MonitorSettings()
+    op = build_capture_op(tables, settings)
+    initial_snapshot = build_capture_job(
+        INITIAL_SNAPSHOT, op, snapshot_step=True,
+        description="Create the slot, snapshot every captured table (bronze op=r and the "
+        "silver baseline), then catch up with the stream; reports each table snapshotted.")
+    microbatch = build_capture_job(
+        MICROBATCH, op, snapshot_step=False,
+        description="Read bounded slot windows into bronze (exactly once), merge silver, "
+        "advance the slot; reports materializations and light checks of the tables changed "
+        "only.")
     capture = (dg.AssetSelection.groups("bronze", "silver").without_checks()
                | dg.AssetSelection.checks(*light_check_keys(tables)))
-    initial_snapshot = dg.define_asset_job(
-        INITIAL_SNAPSHOT, selection=capture,
-        description="Create the slot, snapshot every captured table (bronze op=r and the "
-        "silver baseline), then catch up with the stream.",
-        config={"ops": {"bronze": {"config": {"snapshot_step": True}}}},
+    assets = dg.define_asset_job(
+        CAPTURE_ASSETS, selection=capture,
+        description="Materialize bronze and silver as assets (every captured table, or a "
+        "selection): the slot windows of every table, silver catch-up and the light checks "
+        "of the selected tables. The scheduled path is cdc_microbatch.",
         executor_def=dg.in_process_executor,
-        tags={"pgcdc/job": INITIAL_SNAPSHOT},
-    )
-    microbatch = dg.define_asset_job(
-        MICROBATCH, selection=capture,
-        description="Read bounded slot windows into bronze (exactly once), merge silver, "
-        "advance the slot.",
-        executor_def=dg.in_process_executor,
-        tags={"pgcdc/job": MICROBATCH},
+        tags={"pgcdc/job": CAPTURE_ASSETS},
     )
     checks = dg.define_asset_job(
         CAPTURE_CHECKS, selection=dg.AssetSelection.all_asset_checks(),
@@ -69,10 +82,10 @@ def build_jobs(tables: Sequence[tuple[str, str]]) -> CaptureJobs:
         executor_def=dg.in_process_executor,
         tags={"pgcdc/job": CAPTURE_CHECKS},
     )
-    return CaptureJobs(initial_snapshot, microbatch, checks)
+    return CaptureJobs(initial_snapshot, microbatch, checks, assets)
 
 
-CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL)
+CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL, CAPTURE_ASSETS)
 """The jobs that read the slot: while one is queued or running, another would only wait."""
 
 

@@ -92,7 +92,7 @@ def build_definitions(tables: Sequence[tuple[str, str]],
     ``PGCDC_*`` environment variables documented in docs/configuration.md.
     """
     settings = settings if settings is not None else MonitorSettings.from_env(os.environ)
-    jobs = build_jobs(tables)
+    jobs = build_jobs(tables, settings)
     maintenance = build_maintenance_job(tables)
     incremental, incremental_job = build_incremental(tables, settings.owners)
     return dg.Definitions(

@@ -1,4 +1,9 @@
-"""Spark as a Dagster resource: the session is created lazily, once per process."""
+"""Spark as a Dagster resource: the session is created lazily, only when a run has Spark work.
+
+:meth:`SparkResource.lazy` is what the capture assets use: a handle that starts no JVM until a
+snapshot has chunks to read or a silver batch exceeds the Spark threshold, and then builds the
+session in the background while the run does its other work (``spark/lazy.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from pgcdc_dagster.spark.lazy import LazySpark
 from pgcdc_dagster.spark.session import build_session
 
 if TYPE_CHECKING:
@@ -28,11 +34,16 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         description="Extra Spark settings. The Delta SQL extension and catalog are refused: "
         "Delta commits go through delta-rs.",
     )
-    _session: Any = PrivateAttr(default=None)
+    _handle: Any = PrivateAttr(default=None)
+
+    def lazy(self) -> LazySpark:
+        """The session as a handle: nothing starts until a run has Spark work."""
+        if self._handle is None:
+            self._handle = LazySpark(
+                lambda: build_session(self.master, self.app_name, self.conf,
+                                      self.driver_memory), self.master)
+        return self._handle  # type: ignore[no-any-return]
 
     def get_session(self) -> SparkSession:
         """The session, built on first use."""
-        if self._session is None:
-            self._session = build_session(self.master, self.app_name, self.conf,
-                                          self.driver_memory)
-        return self._session  # type: ignore[no-any-return]
+        return self.lazy().get()

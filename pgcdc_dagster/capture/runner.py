@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
@@ -27,13 +26,12 @@ from pgcdc_dagster.postgres.discovery import SkippedTable, current_database
 from pgcdc_dagster.postgres.privileges import explains_privileges
 from pgcdc_dagster.postgres.slot import ensure_publication, slot_info
 from pgcdc_dagster.postgres.slot_lock import slot_guard
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from pgcdc_dagster.spark.lazy import SparkLike
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SNAPSHOT_MODES", "BronzeRun", "run_bronze", "run_silver", "select_contexts"]
+__all__ = ["SNAPSHOT_MODES", "BronzeRun", "apply_silver_tables", "run_bronze", "run_silver",
+           "select_contexts"]
 
 SILVER_THREADS = 2
 """Tables whose silver catches up at the same time (the machine's cores, at most)."""
@@ -49,6 +47,20 @@ class BronzeRun:
     notes: list[str] = field(default_factory=list)
     skipped: list[SkippedTable] = field(default_factory=list)
     """Tables the include list matches that are left out (not capturable), with why."""
+    resnapshot: list[TableContext] = field(default_factory=list)
+    """Tables snapshotted again because they came back to the capture set."""
+
+    def changed(self) -> list[TableContext]:
+        """The contexts whose bronze this run wrote: snapshotted (with or without data),
+        snapshotted again, or given stream events. Idle tables are not among them."""
+        names: set[str] = set()
+        if self.snapshot is not None:
+            names.update(t.table for t in self.snapshot.tables)
+            names.update(self.snapshot.empty_tables)
+        names.update(c.name for c in self.resnapshot)
+        if self.stream is not None:
+            names.update(self.stream.events_by_table())
+        return [c for c in self.contexts if c.name in names]
 
 
 def select_contexts(settings: CaptureSettings,
@@ -61,7 +73,7 @@ def select_contexts(settings: CaptureSettings,
 
 
 @explains_privileges
-def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot_step: bool,
+def run_bronze(settings: CaptureSettings, spark: SparkLike, *, force_snapshot_step: bool,
                only: Collection[tuple[str, str]] | None = None,
                progress: Callable[[str], None] = log.info) -> BronzeRun:
     """Snapshot if ``snapshot.mode`` asks for one, then read windows into bronze.
@@ -81,7 +93,7 @@ def run_bronze(settings: CaptureSettings, spark: SparkSession, *, force_snapshot
         return _run_bronze(settings, spark, force_snapshot_step, only, progress)
 
 
-def _run_bronze(settings: CaptureSettings, spark: SparkSession, force_snapshot_step: bool,
+def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step: bool,
                 only: Collection[tuple[str, str]] | None,
                 progress: Callable[[str], None]) -> BronzeRun:
     captured, skipped = load_capture(settings)
@@ -104,7 +116,7 @@ def _run_bronze(settings: CaptureSettings, spark: SparkSession, force_snapshot_s
     if settings.snapshot_mode == "initial_only":
         run.notes.append("snapshot.mode = initial_only: no streaming")
         return run
-    resnapshot_returning_tables(settings, spark, captured, run, progress)
+    run.resnapshot = resnapshot_returning_tables(settings, spark, captured, run, progress)
     with connection(settings.dsn) as conn:
         ident = SourceIdentity(settings.topic_prefix, current_database(conn))
     run.stream = run_windows(settings, contexts, ident)
@@ -113,19 +125,19 @@ def _run_bronze(settings: CaptureSettings, spark: SparkSession, force_snapshot_s
     return run
 
 
-def resnapshot_returning_tables(settings: CaptureSettings, spark: SparkSession,
+def resnapshot_returning_tables(settings: CaptureSettings, spark: SparkLike,
                                 captured: list[TableContext], run: BronzeRun,
-                                progress: Callable[[str], None]) -> None:
+                                progress: Callable[[str], None]) -> list[TableContext]:
     """Snapshot again the tables that come back to the capture set after windows were read
     without them: their old offset would resume the stream past the changes made meanwhile.
     The new snapshot replaces their silver (rows deleted meanwhile leave it too)."""
     with connection(settings.dsn) as conn:
         info = slot_info(conn, settings.slot)
     if info is None or info.confirmed_flush_lsn is None:
-        return
+        return []
     stale = stale_tables(settings, captured, info.confirmed_flush_lsn)
     if not stale:
-        return
+        return []
     names = ", ".join(c.name for c in stale)
     progress(f"{names}: back in the capture set after windows read without them; "
              "snapshotting them again")
@@ -133,9 +145,10 @@ def resnapshot_returning_tables(settings: CaptureSettings, spark: SparkSession,
                          force=True, contexts=stale, progress=progress)
     run.notes.append(f"re-snapshot of {names} (re-added to the capture set): "
                      f"{again.rows} rows at {again.consistent_point}")
+    return stale
 
 
-def run_silver(settings: CaptureSettings, spark: SparkSession,
+def run_silver(settings: CaptureSettings, spark: SparkLike,
                only: Collection[tuple[str, str]] | None = None) -> list[SilverReport]:
     """Catch every selected table's silver up with its bronze.
 
@@ -143,8 +156,13 @@ def run_silver(settings: CaptureSettings, spark: SparkSession,
     ``SILVER_THREADS`` of them catch up at once: reading Parquet, the Arrow preparation and
     delta-rs's MERGE release the GIL. Reports come back in the contexts' order.
     """
-    contexts = select_contexts(settings, only)
-    threshold = settings.silver_spark_threshold_rows
+    return apply_silver_tables(select_contexts(settings, only), spark,
+                               settings.silver_spark_threshold_rows)
+
+
+def apply_silver_tables(contexts: Sequence[TableContext], spark: SparkLike,
+                        threshold: int) -> list[SilverReport]:
+    """:func:`apply_silver` for each context, ``SILVER_THREADS`` at a time (in order)."""
 
     def one(ctx: TableContext) -> SilverReport:
         report = apply_silver(ctx, spark, threshold)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -19,10 +18,8 @@ from pgcdc_dagster.lake.bronze_read import count_rows, read_files
 from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files
 from pgcdc_dagster.lake.silver import merge_batch, silver_from_images
 from pgcdc_dagster.lake.silver_lookup import resolve_lookups
+from pgcdc_dagster.spark.lazy import SparkLike, session_of
 from pgcdc_dagster.spark.silver_batch import prepare
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 
 @dataclass
@@ -44,9 +41,13 @@ SPARK_THRESHOLD_ROWS = 2_000_000
 where Spark's fixed cost per job (seconds on local[2]) would dominate."""
 
 
-def apply_silver(ctx: TableContext, spark: SparkSession,
+def apply_silver(ctx: TableContext, spark: SparkLike,
                  spark_threshold_rows: int = SPARK_THRESHOLD_ROWS) -> SilverReport:
-    """Bring the table's silver up to its bronze's current version."""
+    """Bring the table's silver up to its bronze's current version.
+
+    ``spark`` (a session, or a :class:`LazySpark` handle that starts only now) prepares the
+    batch only when it has more than ``spark_threshold_rows`` rows.
+    """
     started = time.monotonic()
     # A table that joined the capture after the initial snapshot has an empty bronze until
     # its first change (or an incremental snapshot) arrives.
@@ -68,7 +69,7 @@ def apply_silver(ctx: TableContext, spark: SparkSession,
                             ensure_table(ctx.silver_uri, ctx.silver_schema).version(),
                             time.monotonic() - started)
     if count_rows(ctx.bronze_uri, files) > spark_threshold_rows:
-        batch = prepare(spark, files, ctx.relation.key_names, ctx.toastable)
+        batch = prepare(session_of(spark), files, ctx.relation.key_names, ctx.toastable)
     else:
         schema = pa.schema(bronze.schema().to_arrow())
         batch = prepare_arrow(read_files(files, schema, INPUT_COLUMNS), ctx.relation.key_names,

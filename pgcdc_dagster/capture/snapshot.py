@@ -88,11 +88,11 @@ from pgcdc_dagster.postgres.snapshot_read import (
     temporary_exported_snapshot,
     validate_override,
 )
+from pgcdc_dagster.spark.lazy import LazySpark, SparkLike
 from pgcdc_dagster.spark.snapshot_tasks import ChunkResult, ChunkTask, run_chunks, warm_workers
 
 if TYPE_CHECKING:
     import psycopg2.extensions
-    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +150,12 @@ def has_offset(ctx: TableContext) -> bool:
 snapshot_done = has_offset
 
 
-def run_initial_snapshot(settings: CaptureSettings, spark: SparkSession) -> SnapshotReport:
+def run_initial_snapshot(settings: CaptureSettings, spark: SparkLike) -> SnapshotReport:
     """The snapshot step as the initial_snapshot job runs it (``force``)."""
     return run_snapshot(settings, spark, force=True)
 
 
-def run_snapshot(settings: CaptureSettings, spark: SparkSession, *, force: bool,
+def run_snapshot(settings: CaptureSettings, spark: SparkLike, *, force: bool,
                  contexts: Sequence[TableContext] | None = None,
                  progress: Callable[[str], None] = log.info,
                  on_progress: Callable[[SnapshotProgress], None] | None = None,
@@ -164,7 +164,8 @@ def run_snapshot(settings: CaptureSettings, spark: SparkSession, *, force: bool,
 
     Args:
         settings: the capture.
-        spark: the session whose executors read the chunks.
+        spark: the session whose executors read the chunks, or a :class:`LazySpark` handle:
+            it is started (in the background) only when there are chunks to read.
         force: the snapshot step was asked for explicitly (``always`` re-snapshots then).
         contexts: the captured tables (loaded when None).
         progress: receives a log line after each chunk and at each step.
@@ -190,11 +191,11 @@ def _fingerprint(ctx: TableContext, override: str | None) -> str:
 class _SnapshotRun:
     """One snapshot step (state shared by its phases)."""
 
-    def __init__(self, settings: CaptureSettings, spark: SparkSession,
+    def __init__(self, settings: CaptureSettings, spark: SparkLike,
                  contexts: list[TableContext], progress: Callable[[str], None],
                  on_progress: Callable[[SnapshotProgress], None] | None) -> None:
         self.settings = settings
-        self.spark = spark
+        self.spark = LazySpark.of(spark)
         self.contexts = {c.relation.qualified: c for c in contexts}
         self.order = [c.relation.qualified for c in contexts]
         self.progress = progress
@@ -270,7 +271,9 @@ class _SnapshotRun:
         if decision.slot_action == "none":
             assert slot is not None and slot.confirmed_flush_lsn is not None
             return self._empty_only(decision, int(slot.confirmed_flush_lsn), report)
-        warm_workers(self.spark)  # overlaps the Python workers' start with slot and plan
+        # Chunks to read: the JVM and the Python workers start in the background while the
+        # slot is created, the chunks planned and the tables prepared (issue 16).
+        self.spark.start(on_ready=warm_workers)
         with self._point(decision) as (point, stream_from):
             return self._read(decision, point, stream_from, report)
 
@@ -337,7 +340,7 @@ class _SnapshotRun:
 
     def _slots(self) -> int:
         """Chunks the Spark job runs at once (``snapshot_max_threads`` when smaller)."""
-        slots = max(1, int(self.spark.sparkContext.defaultParallelism))
+        slots = self.spark.parallelism()  # a local master's slots need no JVM
         threads = self.settings.snapshot_max_threads
         return min(slots, threads) if threads > 0 else slots
 
@@ -406,8 +409,9 @@ class _SnapshotRun:
             if len(done[name]) == len(state.plans[name].chunks):
                 report.tables.append(self._commit(state, name, done[name],
                                                   len(kept.get(name, {}))))
-        run_chunks(self.spark, tasks, on_result, parallelism=self.settings.snapshot_max_threads,
-                   proceed=proceed)
+        if tasks:  # the first Spark job: wait for the session here, not before
+            run_chunks(self.spark.get(), tasks, on_result,
+                       parallelism=self.settings.snapshot_max_threads, proceed=proceed)
         if fatal:
             raise fatal[0]
         for name in decision.empty_tables:

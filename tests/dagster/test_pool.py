@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.dagster, pytest.mark.unit]
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 
 SLOT_OPS = {
-    "bronze": "peeks slot windows, advances the slot (and creates it in initial_snapshot)",
+    "capture": "cdc_microbatch / initial_snapshot: peeks slot windows, advances the slot, "
+               "creates it in initial_snapshot",
+    "bronze": "capture_assets: peeks slot windows, advances the slot",
     "incremental__snapshot": "reads slot windows between DBLog watermarks, advances the slot",
     "silver_matches_source": "peeks the slot for changes pending since silver's LSN",
     "bronze_lsn_windows": "compares the slot's confirmed position with the runs' LSN ranges; "
@@ -112,7 +114,8 @@ def test_assets_source_pools_exactly_the_slot_readers() -> None:
                     continue
                 reads = bool(_calls(node) & SLOT_ENTRY_POINTS)
                 seen[f"{path.name}:{node.name}"] = (reads, pooled)
-    assert "capture.py:bronze" in seen and "incremental.py:incremental_snapshot" in seen
+    assert {"capture.py:bronze", "capture_run.py:capture_op",
+            "incremental.py:incremental_snapshot"} <= set(seen)
     wrong = {name: state for name, state in seen.items()
              if state[1] != (state[0] or name == "checks.py:bronze_lsn_windows")}
     assert not wrong, f"(reads the slot, in pool) disagree: {wrong}"

@@ -1,0 +1,201 @@
+"""The lean capture jobs: one op that captures, and reports only the tables it changed.
+
+``cdc_microbatch`` and ``initial_snapshot`` are op jobs of a single ``capture`` op (pool
+``pgcdc_slot``). An asset job would plan every selected table's bronze, silver and checks at
+run creation (one ``ASSET_MATERIALIZATION_PLANNED`` / ``ASSET_CHECK_EVALUATION_PLANNED``
+event each), so an idle micro-batch over 1,000 tables would write thousands of events before
+any work (issue 16). The op instead reports, at run time:
+
+* an ``AssetMaterialization`` of ``bronze/<schema>/<table>`` and ``silver/<schema>/<table>``
+  for each table the run changed, with the same metadata as the assets (capture kind, LSN
+  range, events by op, rows, bytes, Delta version, column schema): they appear in each
+  asset's history and metadata plots like materializations of the asset job;
+* the light checks (``lsn_windows_contiguous``, ``schema_matches_source``) of those tables
+  and ``slot_healthy``, as ``AssetCheckEvaluation`` events of the asset checks;
+* one observation of ``source/replication_slot`` with the run's LSN range, whatever it
+  changed: the LSN-window check chains the runs from it.
+
+A table's silver also catches up when its last bronze materialization is newer than its last
+silver one (bronze materialized alone), and every table's silver catches up after a capture
+run that did not succeed (a crash between a bronze commit and the silver MERGE).
+"""
+
+# No ``from __future__ import annotations`` here: Dagster reads the config and resource
+# annotations of the op function at definition time.
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+
+from assets.capture import (
+    CAPTURE_POOL,
+    META_TABLES,
+    SLOT_KEY,
+    BronzeConfig,
+    _bronze_metadata,
+    _previous,
+    _silver_metadata,
+    bronze_key,
+    meta_key,
+    meta_table_metadata,
+    silver_key,
+)
+from assets.checks import CAPTURE_RUN, light_check_results
+from assets.partitions import ensure_partitions
+from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
+from pgcdc_dagster.postgres.discovery import Resolution
+from pgcdc_dagster.capture.tables import TableContext
+from pgcdc_dagster.ops.delta_stats import TableStats, table_stats
+from pgcdc_dagster.ops.settings import MonitorSettings
+from pgcdc_dagster.ops.slot_health import slot_health
+from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+
+CAPTURE_OP = "capture"
+BRONZE_WRITING_JOBS = ("cdc_microbatch", "initial_snapshot", "incremental_snapshot",
+                       "capture_assets")
+"""Jobs whose failure may leave a silver behind its bronze (``pgcdc/job`` tag values)."""
+
+
+def _last_run_failed(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """True when the capture run before this one did not succeed (or there is none)."""
+    runs = instance.get_runs(dg.RunsFilter(tags={"pgcdc/job": list(BRONZE_WRITING_JOBS)}),
+                             limit=2)
+    earlier = [r for r in runs if r.run_id != run_id]
+    return not earlier or earlier[0].status != dg.DagsterRunStatus.SUCCESS
+
+
+def _silver_behind(instance: dg.DagsterInstance,
+                   contexts: Sequence[TableContext]) -> list[TableContext]:
+    """Tables whose last bronze materialization is newer than their last silver one (two
+    reads of the asset index, whatever the table count)."""
+    bronze = instance.get_latest_materialization_events(
+        [bronze_key(*c.relation.qualified) for c in contexts])
+    silver = instance.get_latest_materialization_events(
+        [silver_key(*c.relation.qualified) for c in contexts])
+    behind = []
+    for ctx in contexts:
+        b = bronze.get(bronze_key(*ctx.relation.qualified))
+        s = silver.get(silver_key(*ctx.relation.qualified))
+        if b is not None and (s is None or s.timestamp < b.timestamp):
+            behind.append(ctx)
+    return behind
+
+
+def _before(instance: dg.DagsterInstance, key: dg.AssetKey, uri: str) -> TableStats:
+    """The table as its previous materialization left it (nothing before the first)."""
+    version, _ = _previous(instance, key)
+    return table_stats(uri, version) if version is not None else TableStats(None)
+
+
+def _run_range(run: BronzeRun) -> dict[str, Any]:
+    meta: dict[str, Any] = {CAPTURE_RUN: True}
+    snap = run.snapshot
+    if snap is not None and snap.performed and snap.consistent_point is not None:
+        meta["snapshot_point"] = str(snap.consistent_point)
+        if snap.slot_action in ("create", "recreate", "create_plain"):
+            meta["snapshot_lsn"] = str(snap.consistent_point)
+    if run.stream is not None and run.stream.start is not None:
+        meta.update({"lsn_start": str(run.stream.start), "lsn_end": str(run.stream.end),
+                     "windows": len(run.stream.windows),
+                     "slot_lag_bytes": run.stream.slot_lag_bytes})
+    return meta
+
+
+def _evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:
+    assert result.asset_key is not None and result.check_name is not None
+    return dg.AssetCheckEvaluation(
+        asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
+        metadata=result.metadata, severity=result.severity, description=result.description)
+
+
+def build_capture_op(tables: Sequence[tuple[str, str]],
+                     settings: MonitorSettings) -> dg.OpDefinition:
+    """The ``capture`` op over ``tables`` (one definition, shared by the capture jobs)."""
+    captured = list(tables)
+
+    @dg.op(name=CAPTURE_OP, pool=CAPTURE_POOL,
+           description="Snapshot when snapshot.mode asks for it, read bounded slot windows "
+           "into bronze (exactly once), merge the changed tables' silver, advance the slot; "
+           "report materializations and light checks of the tables changed.")
+    def capture_op(context: dg.OpExecutionContext, config: BronzeConfig,
+                postgres: PostgresResource, lakehouse: LakehouseResource,
+                capture: CaptureResource, spark: SparkResource) -> None:
+        instance = context.instance
+        cap = capture.settings(postgres.dsn, lakehouse.root)
+        ensure_partitions(instance, captured)  # incremental-snapshot backfills
+        sweep = _last_run_failed(instance, context.run_id)
+        handle = spark.lazy()
+        started = time.monotonic()
+        run = run_bronze(cap, handle, force_snapshot_step=config.snapshot_step,
+                         only=set(captured), progress=context.log.info)
+        seconds = time.monotonic() - started
+        for note in run.notes:
+            context.log.info(note)
+        if run.skipped:
+            context.log.warning(Resolution(skipped=run.skipped).warning())
+        if len({c.relation.qualified for c in run.contexts}) < len(set(captured)):
+            have = {c.relation.qualified for c in run.contexts}
+            gone = [f"{s}.{t}" for s, t in captured if (s, t) not in have]
+            raise dg.Failure(f"{', '.join(gone)} no longer captured (dropped, or no longer "
+                             "matched by the include list): reload the code location")
+        changed = run.changed()
+        health = slot_health(postgres.dsn, capture.slot)
+        for ctx in changed:
+            key = bronze_key(*ctx.relation.qualified)
+            context.log_event(dg.AssetMaterialization(asset_key=key, metadata=_bronze_metadata(
+                run, ctx, _before(instance, key, ctx.bronze_uri), seconds,
+                None if run.stream is not None else health)))
+        meta_events = run.stream.events_by_table() if run.stream is not None else {}
+        for meta_name in META_TABLES:
+            if f"_pgcdc.{meta_name}" not in meta_events:
+                continue
+            key = meta_key(meta_name)
+            uri = lakehouse.table("bronze", "_pgcdc", meta_name)
+            context.log_event(dg.AssetMaterialization(asset_key=key, metadata=(
+                meta_table_metadata(run.stream, meta_name, uri, _before(instance, key, uri),
+                                    seconds))))
+        names = {c.name for c in changed}
+        extra = run.contexts if sweep else _silver_behind(instance, run.contexts)
+        silver_of = changed + [c for c in extra if c.name not in names]
+        if silver_of:
+            context.log.info(f"silver of {len(silver_of)} tables "
+                             f"({len(changed)} changed by this run)")
+        previous = {c.name: _previous(instance, silver_key(*c.relation.qualified))
+                    for c in silver_of}
+        befores = {c.name: table_stats(c.silver_uri, previous[c.name][0])
+                   if previous[c.name][0] is not None else TableStats(None) for c in silver_of}
+        reports = apply_silver_tables(silver_of, handle, cap.silver_spark_threshold_rows)
+        for ctx, report in zip(silver_of, reports, strict=True):
+            if ctx.name not in names and report.events == 0 and \
+                    report.bronze_from == report.bronze_to:
+                continue  # swept, nothing to apply: not a materialization
+            context.log_event(dg.AssetMaterialization(
+                asset_key=silver_key(*ctx.relation.qualified),
+                metadata=_silver_metadata(report, ctx, befores[ctx.name],
+                                          previous[ctx.name][1], health)))
+        context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
+            **_run_range(run), "tables_changed": len(changed),
+            "tables_captured": len(run.contexts), "duration_s": round(seconds, 3),
+            "lag_bytes": health.lag_bytes, "wal_status": str(health.wal_status),
+            **skipped_metadata(run.skipped)}))
+        for result in light_check_results(instance, changed, health, settings):
+            # log_event records check evaluations too (its annotation lists the others only)
+            context.log_event(_evaluation(result))  # type: ignore[arg-type]
+
+    return capture_op
+
+
+def build_capture_job(name: str, op: dg.OpDefinition, *, snapshot_step: bool,
+                      description: str) -> dg.JobDefinition:
+    """A lean capture job (``cdc_microbatch`` or ``initial_snapshot``) of the capture op."""
+    run_config: dict[str, Any] = {"ops": {CAPTURE_OP: {"config": {"snapshot_step": True}}}} \
+        if snapshot_step else {}
+
+    @dg.job(name=name, description=description, config=run_config,
+            executor_def=dg.in_process_executor, tags={"pgcdc/job": name})
+    def capture_job() -> None:
+        op()
+
+    return capture_job

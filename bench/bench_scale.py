@@ -1,0 +1,126 @@
+"""Scale benchmark: what a run costs as the captured table count grows (issue 16).
+
+Every figure is a whole ``dagster job execute -m pgcdc_dagster.definitions -j <job>`` process
+on a fresh ``DAGSTER_HOME`` with the default instance (telemetry off), as a user runs it. Two
+captures of one throwaway PostgreSQL cluster, ``small`` tables (default 3) and ``large``
+tables (default 1000) of ``--rows`` rows each, are measured in the same run:
+
+* ``initial_snapshot`` of large ÷ small (target ≤ 3);
+* an idle ``cdc_microbatch`` of large ÷ small (target ≤ 1.5);
+* a ``cdc_microbatch`` after the same ``--updates`` updates to 3 tables, large ÷ small
+  (target ≤ 1.5).
+
+The machine is shared: compare the ratios, not the seconds.
+
+    .venv/bin/python bench/bench_scale.py [--small 3] [--large 1000] [--rows 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg2
+
+from pgcdc_dagster.postgres.local_cluster import LocalCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def create_tables(dsn: str, schema: str, count: int, rows: int) -> None:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE SCHEMA {schema}")
+        for i in range(count):
+            cur.execute(f"CREATE TABLE {schema}.t{i} (id int PRIMARY KEY, name text, "
+                        "amount numeric(10,2), at timestamptz)")
+            cur.execute(f"INSERT INTO {schema}.t{i} SELECT g, 'row ' || g, g * 0.25, now() "
+                        "FROM generate_series(1, %s) g", (rows,))
+    conn.close()
+
+
+def update(dsn: str, schema: str, tables: int, updates: int) -> None:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SET synchronous_commit = on")
+        per = max(1, updates // tables)
+        for i in range(tables):
+            cur.execute(f"UPDATE {schema}.t{i} SET amount = amount + 1 WHERE id <= %s", (per,))
+    conn.close()
+
+
+class Capture:
+    """One capture (schema, slot, lakehouse, DAGSTER_HOME) run by the Dagster CLI."""
+
+    def __init__(self, root: Path, dsn: str, schema: str) -> None:
+        home = root / f"home_{schema}"
+        home.mkdir(parents=True)
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        self.env = dict(os.environ)
+        self.env.update({
+            "PGCDC_PG_DSN": dsn, "PGCDC_LAKEHOUSE": str(root / f"lake_{schema}"),
+            "PGCDC_TABLES": f"{schema}\\..*", "PGCDC_SLOT": f"bench_{schema}",
+            "PGCDC_PUBLICATION": f"bench_{schema}", "DAGSTER_HOME": str(home),
+            "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+        })
+
+    def run(self, job: str) -> float:
+        cli = Path(sys.executable).parent / "dagster"
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [str(cli), "job", "execute", "-m", "pgcdc_dagster.definitions", "-j", job],
+            env=self.env, cwd=ROOT, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if proc.returncode != 0 or "RUN_SUCCESS" not in proc.stdout + proc.stderr:
+            sys.exit(f"{job} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", type=int, default=3)
+    parser.add_argument("--large", type=int, default=1000)
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--updates", type=int, default=300)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="pgcdc_bench_scale_"))
+    cluster = LocalCluster(root / "pg").start()
+    try:
+        sizes = {"small": args.small, "large": args.large}
+        captures = {}
+        for name, count in sizes.items():
+            create_tables(cluster.dsn, name, count, args.rows)
+            captures[name] = Capture(root, cluster.dsn, name)
+        figures: dict[str, dict[str, float]] = {}
+        for name, capture in captures.items():
+            snap = capture.run("initial_snapshot")
+            idle = capture.run("cdc_microbatch")
+            update(cluster.dsn, name, 3, args.updates)
+            busy = capture.run("cdc_microbatch")
+            figures[name] = {"initial_snapshot": snap, "idle cdc_microbatch": idle,
+                             f"cdc_microbatch, {args.updates} updates to 3 tables": busy}
+            print(f"{name} ({sizes[name]} tables x {args.rows} rows): "
+                  + ", ".join(f"{k} {v:.1f}s" for k, v in figures[name].items()), flush=True)
+        load = os.getloadavg()[0]
+        targets = {"initial_snapshot": 3.0}
+        print(f"\nratios, {args.large} tables / {args.small} tables (load {load:.1f}):")
+        for job, small in figures["small"].items():
+            ratio = figures["large"][job] / small
+            target = targets.get(job, 1.5)
+            print(f"  {job:<45} {ratio:5.2f}  (target <= {target}"
+                  f"{', met' if ratio <= target else ', NOT met'})")
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""A Spark session that costs nothing until a run has Spark work, and overlaps its start.
+
+A capture run needs Spark for snapshot chunks and for silver batches over the Spark threshold
+only: an idle micro-batch, or one with a few changes, never starts a JVM. When a run does need
+Spark, :meth:`LazySpark.start` builds the session on a background thread as soon as the need
+is known (before the slot is created, the chunks planned and the Delta tables prepared), and
+the first Spark job waits for it with :meth:`LazySpark.get` (issue 16).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_LOCAL = re.compile(r"^local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$")
+
+
+def local_parallelism(master: str) -> int | None:
+    """Task slots of a ``local``/``local[N]``/``local[*]`` master (None for a cluster)."""
+    match = _LOCAL.match(master.strip())
+    if match is None:
+        return None
+    slots = match.group(1)
+    if slots is None:
+        return 1
+    if slots == "*":
+        return os.cpu_count() or 1
+    return max(1, int(slots))
+
+
+class LazySpark:
+    """A Spark session built on first need, optionally in the background.
+
+    ``build`` creates the session (it runs at most once); ``master`` lets the task slots of
+    a local master be known without starting the JVM (planning needs them before the session
+    is up). ``on_ready`` hooks run on the building thread once the session exists (the
+    snapshot starts its Python workers there).
+    """
+
+    def __init__(self, build: Callable[[], SparkSession], master: str | None = None) -> None:
+        self._build = build
+        self._master = master
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._session: SparkSession | None = None
+        self._error: BaseException | None = None
+        self._on_ready: list[Callable[[SparkSession], object]] = []
+
+    @classmethod
+    def ready(cls, session: SparkSession) -> LazySpark:
+        """A handle on a session that already exists."""
+        handle = cls(lambda: session)
+        handle._session = session
+        return handle
+
+    @classmethod
+    def of(cls, spark: SparkLike) -> LazySpark:
+        """``spark`` as a handle (a session is wrapped, a handle returned as is)."""
+        return spark if isinstance(spark, LazySpark) else cls.ready(spark)
+
+    @property
+    def created(self) -> bool:
+        """True once the session exists (or its build started: the JVM is being paid for)."""
+        return self._session is not None or self._thread is not None
+
+    def start(self, on_ready: Callable[[SparkSession], object] | None = None) -> None:
+        """Build the session in the background (no-op once built or building).
+
+        ``on_ready`` runs once the session exists: on the building thread, or at once when
+        the session is already there.
+        """
+        with self._lock:
+            if self._session is not None:
+                run_now = on_ready
+            else:
+                run_now = None
+                if on_ready is not None:
+                    self._on_ready.append(on_ready)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="pgcdc-spark-start",
+                                                    daemon=True)
+                    self._thread.start()
+        if run_now is not None:
+            run_now(self._session)  # type: ignore[arg-type]
+
+    def _run(self) -> None:
+        try:
+            session = self._build()
+        except BaseException as exc:  # re-raised by get() on the thread that needs Spark
+            self._error = exc
+            return
+        self._session = session
+        for hook in self._on_ready:
+            try:
+                hook(session)
+            except Exception:  # best effort (e.g. warming workers): get() still works
+                pass
+
+    def get(self) -> SparkSession:
+        """The session: waits for a background build, or builds it now."""
+        if self._session is not None:
+            return self._session
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._session is not None
+        return self._session
+
+    def parallelism(self) -> int:
+        """Tasks the session runs at once; known from a local master without a JVM."""
+        if self._session is None and self._master is not None:
+            local = local_parallelism(self._master)
+            if local is not None:
+                return local
+        return max(1, int(self.get().sparkContext.defaultParallelism))
+
+
+SparkLike = Union["SparkSession", LazySpark]
+"""What the capture functions accept: a session, or a handle that builds one on need."""
+
+
+def session_of(spark: SparkLike) -> SparkSession:
+    """The session behind ``spark`` (built, or waited for, now)."""
+    return spark.get() if isinstance(spark, LazySpark) else spark

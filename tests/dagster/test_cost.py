@@ -1,0 +1,147 @@
+"""Cost follows the work (issue 16): runs report, check and pay for the tables they change.
+
+One scenario over two captures of the same database, 3 and 50 tables:
+* an idle ``cdc_microbatch`` writes as many Dagster events for 50 captured tables as for 3
+  (no per-table planned events, materializations or checks), and starts no Spark session;
+* a run that changes 2 of 50 tables reports bronze and silver materializations and light
+  check evaluations of exactly those 2 tables (plus the slot's check and observation);
+* a table added later is snapshotted (with Spark) and everything converges: silver equals the
+  source for the busy, idle and added tables.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from pgcdc_dagster.capture.snapshot import run_snapshot
+from pgcdc_dagster.definitions import build_definitions
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.ops.settings import MonitorSettings
+from pgcdc_dagster.spark.lazy import LazySpark, local_parallelism
+from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from tests.support.compare import assert_silver_equals_source
+
+pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
+
+
+def _resources(dsn: str, root: str, schema: str) -> dict[str, object]:
+    return {"postgres": PostgresResource(dsn=dsn), "lakehouse": LakehouseResource(root=root),
+            "capture": CaptureResource(tables=f"{schema}\\..*", slot=f"dg_{schema}",
+                                       publication=f"dg_{schema}"),
+            "spark": SparkResource()}
+
+
+def _run(defs: dg.Definitions, instance: dg.DagsterInstance,
+         job: str) -> dg.ExecuteInProcessResult:
+    result = defs.resolve_job_def(job).execute_in_process(instance=instance)
+    assert result.success
+    return result
+
+
+def _materialized(result: dg.ExecuteInProcessResult) -> set[str]:
+    return {"/".join(e.asset_key.path) for e in result.get_asset_materialization_events()
+            if e.asset_key is not None}
+
+
+def _checked(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {f"{'/'.join(e.asset_key.path)}:{e.check_name}": e.passed
+            for e in result.get_asset_check_evaluations()}
+
+
+def _planned(instance: dg.DagsterInstance, run_id: str) -> int:
+    kinds = {dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
+             dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED}
+    return sum(1 for r in instance.get_records_for_run(run_id, limit=10_000).records
+               if r.event_log_entry.dagster_event_type in kinds)
+
+
+def test_local_parallelism_is_known_without_a_jvm() -> None:
+    assert [local_parallelism(m) for m in ("local", "local[3]", "local[2, 4]",
+                                           "spark://h:7077")] == [1, 3, 2, None]
+    handle = LazySpark(lambda: pytest.fail("no session may be built"), "local[4]")
+    assert handle.parallelism() == 4 and not handle.created
+
+
+def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -> None:
+    sizes = {"cost_a": 3, "cost_b": 50}
+    with pg_conn.cursor() as cur:
+        cur.execute("SET synchronous_commit = on")
+        for schema, n in sizes.items():
+            cur.execute(f"CREATE SCHEMA {schema}")
+            for i in range(n):
+                cur.execute(f"CREATE TABLE {schema}.t{i} (id int PRIMARY KEY, v text)")
+                cur.execute(f"INSERT INTO {schema}.t{i} SELECT g, 'v' || g "
+                            "FROM generate_series(1, 5) g")
+    events: dict[str, int] = {}
+    with dg.instance_for_test() as inst_a, dg.instance_for_test() as inst_b:
+        instances = {"cost_a": inst_a, "cost_b": inst_b}
+        defs = {}
+        for schema, n in sizes.items():
+            root = str(tmp_path / schema)
+            tables = [(schema, f"t{i}") for i in range(n)]
+            defs[schema] = build_definitions(tables, _resources(pg_dsn, root, schema),
+                                             settings=MonitorSettings())
+            snap = _run(defs[schema], instances[schema], "initial_snapshot")
+            assert _materialized(snap) == {f"{layer}/{s}/{t}" for s, t in tables
+                                           for layer in ("bronze", "silver")}
+            assert _planned(instances[schema], snap.run_id) == 0
+            idle = _run(defs[schema], instances[schema], "cdc_microbatch")
+            assert not _materialized(idle)
+            assert _checked(idle) == {"source/replication_slot:slot_healthy": True}
+            events[schema] = len(instances[schema].get_records_for_run(
+                idle.run_id, limit=10_000).records)
+        assert events["cost_a"] == events["cost_b"], events
+
+        # Busy: t1 and t7 change; the other 48 stay idle.
+        with pg_conn.cursor() as cur:
+            cur.execute("UPDATE cost_b.t1 SET v = 'changed' WHERE id <= 3")
+            cur.execute("INSERT INTO cost_b.t7 VALUES (100, 'new')")
+            cur.execute("DELETE FROM cost_b.t7 WHERE id = 1")
+        busy = _run(defs["cost_b"], inst_b, "cdc_microbatch")
+        changed = {"cost_b/t1", "cost_b/t7"}
+        assert _materialized(busy) == {f"{layer}/{t}" for t in changed
+                                       for layer in ("bronze", "silver")}
+        assert _checked(busy) == {"source/replication_slot:slot_healthy": True,
+                                  **{f"bronze/{t}:lsn_windows_contiguous": True
+                                     for t in changed},
+                                  **{f"silver/{t}:schema_matches_source": True
+                                     for t in changed}}
+        history = inst_b.fetch_materializations(dg.AssetKey(["silver", "cost_b", "t7"]),
+                                                limit=5).records
+        assert history[0].run_id == busy.run_id  # in the asset's history (and its plots)
+        meta = history[0].asset_materialization.metadata  # type: ignore[union-attr]
+        assert meta["events"].value == 2 and meta["capture_kind"].value == "stream"
+
+        # The snapshot step with nothing to snapshot starts no Spark session.
+        settings = CaptureResource(tables="cost_b\\..*", slot="dg_cost_b",
+                                   publication="dg_cost_b").settings(
+            pg_dsn, str(tmp_path / "cost_b"))
+        idle_handle = LazySpark(lambda: spark)
+        assert not run_snapshot(settings, idle_handle, force=False).performed
+        assert not idle_handle.created
+
+        # A table joins later (code location reloaded): the next run snapshots and reports it.
+        with pg_conn.cursor() as cur:
+            cur.execute("CREATE TABLE cost_b.late (id int PRIMARY KEY, v text)")
+            cur.execute("INSERT INTO cost_b.late SELECT g, 'l' || g "
+                        "FROM generate_series(1, 30) g")
+            cur.execute("UPDATE cost_b.t2 SET v = 'x'")
+        tables = [("cost_b", f"t{i}") for i in range(50)] + [("cost_b", "late")]
+        later = build_definitions(tables, _resources(pg_dsn, str(tmp_path / "cost_b"),
+                                                     "cost_b"), settings=MonitorSettings())
+        added = _run(later, inst_b, "cdc_microbatch")
+        assert _materialized(added) == {"bronze/cost_b/late", "silver/cost_b/late",
+                                        "bronze/cost_b/t2", "silver/cost_b/t2"}
+        assert all(_checked(added).values()), _checked(added)
+
+    # A snapshot with chunks to read does start the session.
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE cost_b.later (id int PRIMARY KEY, v text)")
+        cur.execute("INSERT INTO cost_b.later VALUES (1, 'a'), (2, 'b')")
+    busy_handle = LazySpark(lambda: spark)
+    assert run_snapshot(settings, busy_handle, force=False).rows == 2
+    assert busy_handle.created
+    for table in ("t0", "t1", "t2", "t7", "t49", "late", "later"):
+        uri = table_uri(str(tmp_path / "cost_b"), "silver", "cost_b", table)
+        assert_silver_equals_source(pg_conn, uri, "cost_b", table, ["id"])
