@@ -32,17 +32,15 @@ import dagster as dg
 from assets.capture import (
     CAPTURE_POOL,
     META_TABLES,
-    SLOT_KEY,
     BronzeConfig,
     _bronze_metadata,
     _previous,
     _silver_metadata,
-    bronze_key,
     meta_key,
     meta_table_metadata,
-    silver_key,
 )
 from assets.checks import CAPTURE_RUN, light_check_results
+from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
 from pgcdc_dagster.postgres.discovery import Resolution

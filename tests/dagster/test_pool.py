@@ -55,7 +55,8 @@ SLOT_ENTRY_POINTS = {
 }
 """Engine functions that peek, advance, create or drop the slot itself."""
 
-DAGSTER_DECORATORS = {"asset", "multi_asset", "asset_check", "multi_asset_check", "op"}
+DAGSTER_DECORATORS = {"asset", "multi_asset", "asset_check", "multi_asset_check", "multi_check",
+                      "op"}
 
 
 def definitions() -> dg.Definitions:
