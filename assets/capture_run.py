@@ -38,16 +38,17 @@ from assets.capture import (
     _silver_metadata,
     meta_key,
     meta_table_metadata,
+    skipped_metadata,
 )
 from assets.checks import CAPTURE_RUN, light_check_results
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
-from pgcdc_dagster.postgres.discovery import Resolution
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.ops.delta_stats import TableStats, table_stats
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import slot_health
+from pgcdc_dagster.postgres.discovery import Resolution
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
 CAPTURE_OP = "capture"
@@ -142,9 +143,10 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         health = slot_health(postgres.dsn, capture.slot)
         for ctx in changed:
             key = bronze_key(*ctx.relation.qualified)
-            context.log_event(dg.AssetMaterialization(asset_key=key, metadata=_bronze_metadata(
-                run, ctx, _before(instance, key, ctx.bronze_uri), seconds,
-                None if run.stream is not None else health)))
+            context.log_event(dg.AssetMaterialization(asset_key=key, metadata={
+                **_bronze_metadata(run, ctx, _before(instance, key, ctx.bronze_uri), seconds,
+                                   None if run.stream is not None else health),
+                **skipped_metadata(run.skipped)}))
         meta_events = run.stream.events_by_table() if run.stream is not None else {}
         for meta_name in META_TABLES:
             if f"_pgcdc.{meta_name}" not in meta_events:
