@@ -43,6 +43,7 @@ from assets.capture import (
 from assets.checks import CAPTURE_RUN, light_check_results
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
+from assets.slot_hold import hold_slot_for_run
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.ops.delta_stats import TableStats, table_stats
@@ -121,6 +122,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
     def capture_op(context: dg.OpExecutionContext, config: BronzeConfig,
                 postgres: PostgresResource, lakehouse: LakehouseResource,
                 capture: CaptureResource, spark: SparkResource) -> None:
+        hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
         instance = context.instance
         cap = capture.settings(postgres.dsn, lakehouse.root)
         ensure_partitions(instance, captured)  # incremental-snapshot backfills

@@ -16,7 +16,8 @@ SLOT_LOCK_TAG = "pgcdc/slot_lock"
 """Tag of a capture run that has taken the slot's lock (value: the lock session's pid)."""
 
 
-def hold_slot_for_run(context: dg.AssetExecutionContext, capture: CaptureResource,
+def hold_slot_for_run(context: dg.AssetExecutionContext | dg.OpExecutionContext,
+                      capture: CaptureResource,
                       dsn: str) -> SlotLease:
     """Take the slot's lock for the rest of the run and tag the run as holding it.
 
