@@ -233,6 +233,7 @@ def _bronze_metadata(run: BronzeRun, ctx: TableContext, before: TableStats, seco
     after = table_stats(ctx.bronze_uri)
     added = growth(before, after, ctx.bronze_uri)
     meta.update({
+        "source_table": display_name(*ctx.relation.qualified),
         "events": total,
         "rows_written": added.rows,
         "bytes_written": added.bytes,
@@ -284,6 +285,7 @@ def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats
     kinds = [k for k in ("snapshot", "stream") if any(c.kind == k for c in applied)]
     counts = report.counts
     meta: dict[str, Any] = {
+        "source_table": display_name(*ctx.relation.qualified),
         "capture_kind": "+".join(kinds) or "none",
         "bronze_version_from": -1 if report.bronze_from is None else report.bronze_from,
         "bronze_version_to": report.bronze_to,

@@ -23,7 +23,7 @@ config carries ``type`` and ``data`` (Debezium's JSON payload).
 # No ``from __future__ import annotations``: Dagster reads the config/resource annotations.
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -76,8 +76,21 @@ class SignalTick:
     cursor: SignalCursor = field(default_factory=SignalCursor)
 
 
-def _requests(row: SignalRow, outcome: SignalOutcome) -> list[dg.RunRequest]:
-    keys = [partition_key(*parse_table_name(t)) for t in outcome.tables]
+def _table(name: str, captured: Mapping[str, tuple[str, str]]) -> tuple[str, str] | None:
+    """The ``(schema, table)`` of an outcome's ``schema.table`` (written unquoted by the
+    engine): looked up among the captured tables, whatever characters their names hold."""
+    if name in captured:
+        return captured[name]
+    try:
+        return parse_table_name(name)
+    except ConfigurationError:
+        return None
+
+
+def _requests(row: SignalRow, outcome: SignalOutcome,
+              captured: Mapping[str, tuple[str, str]]) -> list[dg.RunRequest]:
+    pairs = [_table(t, captured) for t in outcome.tables]
+    keys = [partition_key(*pair) for pair in pairs if pair is not None]
     return [dg.RunRequest(run_key=row.id if len(keys) == 1 else f"{row.id}:{key}",
                           partition_key=key,
                           tags={SIGNAL_TAG: row.id, "pgcdc/trigger": SIGNAL_SENSOR,
@@ -86,8 +99,10 @@ def _requests(row: SignalRow, outcome: SignalOutcome) -> list[dg.RunRequest]:
 
 
 def evaluate_signals(rows: Sequence[SignalRow], cursor: SignalCursor,
-                     apply: Callable[[Signal], SignalOutcome]) -> SignalTick:
+                     apply: Callable[[Signal], SignalOutcome],
+                     captured: Sequence[tuple[str, str]] = ()) -> SignalTick:
     """Apply the rows not in the cursor, in order; a bad one is refused, not fatal."""
+    by_name = {f"{s}.{t}": (s, t) for s, t in captured}
     tick = SignalTick()
     seen = set(cursor.seen)
     present = []
@@ -104,7 +119,7 @@ def evaluate_signals(rows: Sequence[SignalRow], cursor: SignalCursor,
         tick.applied.append(f"signal {row.id!r} ({row.type}): {outcome.note}"
                             + (f" [{', '.join(outcome.tables)}]" if outcome.tables else ""))
         if row.type in ("execute-snapshot", "resume-snapshot"):
-            tick.run_requests += _requests(row, outcome)
+            tick.run_requests += _requests(row, outcome, by_name)
     last = rows[-1].id if rows else cursor.last
     tick.cursor = SignalCursor([i for i in present if i in seen], last)
     return tick
@@ -151,7 +166,8 @@ def build_signal_sensor(tables: Sequence[tuple[str, str]],
                 skip_reason=f"cannot read the signalling table "
                 f"{capture.signal_data_collection!r}: {message}",
                 dynamic_partitions_requests=partitions, cursor=context.cursor)
-        tick = evaluate_signals(rows, cursor, ApplyFn(capture, postgres.dsn, lakehouse.root))
+        tick = evaluate_signals(rows, cursor, ApplyFn(capture, postgres.dsn, lakehouse.root),
+                                captured)
         for line in tick.applied:
             context.log.info(line)
         for line in tick.refused:

@@ -12,6 +12,7 @@ run through Dagster with the real names in the assets' metadata.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import dagster as dg
@@ -72,7 +73,8 @@ def test_unusual_names_and_unusable_tables(pg_dsn, pg_conn, spark, lakehouse, mo
                                            caplog) -> None:
     _create(pg_conn)
     for name, value in {"PGCDC_PG_DSN": pg_dsn, "PGCDC_LAKEHOUSE": str(lakehouse),
-                        "PGCDC_SLOT": "names", "PGCDC_PUBLICATION": "names"}.items():
+                        "PGCDC_SLOT": "names", "PGCDC_PUBLICATION": "names",
+                        "PGCDC_SIGNAL_DATA_COLLECTION": "ops.signals"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("PGCDC_TABLES", raising=False)
 
@@ -113,6 +115,8 @@ def test_unusual_names_and_unusable_tables(pg_dsn, pg_conn, spark, lakehouse, mo
     for pair in CAPTURED:
         assert mats[by_layer["bronze"][pair]]["snapshot_rows"] == 10 + CAPTURED.index(pair)
         assert mats[by_layer["silver"][pair]]["delta_version"] >= 0
+    assert mats[by_layer["bronze"][("public", "my table")]]["source_table"] == 'public."my table"'
+    assert mats[by_layer["silver"][("public", "A")]]["source_table"] == 'public."A"'
     meta = mats[by_layer["bronze"][("public", "orders")]]
     assert meta["skipped_tables_count"] == 2
     assert "public.keyless: no primary key" in meta["skipped_tables"]
@@ -138,6 +142,19 @@ def test_unusual_names_and_unusable_tables(pg_dsn, pg_conn, spark, lakehouse, mo
     assert result.success
     mats = _mats(result)
     assert mats[by_layer["silver"][hostile]]["capture_kind"] == "incremental"
+
+    # the signalling table's sensor asks for the hostile table's partition
+    quote = ("public", 'q"uote')
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE SCHEMA ops; CREATE TABLE ops.signals (id varchar(42) PRIMARY KEY, "
+                    "type varchar(32) NOT NULL, data varchar(2048))")
+        cur.execute("INSERT INTO ops.signals VALUES ('sig-1', 'execute-snapshot', %s)",
+                    (json.dumps({"data-collections": ['"public"."q""uote"']}),))
+    sensor = loaded.resolve_sensor_def("signal_table_sensor")
+    with dg.build_sensor_context(instance=instance, resources=loaded.resources) as context:
+        tick = sensor(context)
+    assert isinstance(tick, dg.SensorResult)
+    assert [r.partition_key for r in tick.run_requests or []] == [partition_key(*quote)]
 
     result = loaded.resolve_job_def("capture_checks").execute_in_process(instance=instance)
     assert result.success
