@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psycopg2
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
+from pgcdc_dagster.lake.delta import load_table
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.postgres.local_cluster import LocalCluster
 
@@ -100,10 +100,10 @@ def summary(dsn: str, lakehouse: str, tables: list[tuple[str, str]]) -> list[str
         for schema, table in tables:
             cur.execute(f'SELECT count(*) FROM "{schema}"."{table}"')
             source_rows = cur.fetchone()[0]
-            silver = DeltaTable(table_uri(lakehouse, "silver", schema, table)).to_pyarrow_table(
+            silver = load_table(table_uri(lakehouse, "silver", schema, table)).to_pyarrow_table(
                 columns=["__deleted"])
             live = silver.num_rows - pc.sum(silver["__deleted"]).as_py() if silver.num_rows else 0
-            bronze = DeltaTable(table_uri(lakehouse, "bronze", schema, table)).to_pyarrow_table(
+            bronze = load_table(table_uri(lakehouse, "bronze", schema, table)).to_pyarrow_table(
                 columns=["op", "__commit_lsn"])
             ops: dict[str, int] = {}
             for op in bronze["op"].to_pylist():

@@ -100,3 +100,28 @@ def lakehouse(tmp_path: Path) -> Path:
     path = tmp_path / "lakehouse"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3-compatible server (moto, loopback, a free port) for the whole session."""
+    from tests.support import s3_server as server
+
+    running = server.start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def s3_lakehouse(s3_server, monkeypatch) -> str:
+    """An empty ``s3://`` lakehouse on the local server; the standard AWS variables point at it
+    for this test (and the child processes it starts)."""
+    from pgcdc_dagster.lake import commit_safety
+
+    bucket = f"lake-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    commit_safety.forget_checks()
+    yield f"s3://{bucket}/lakehouse"
+    commit_safety.forget_checks()

@@ -6,20 +6,20 @@ key the snapshot ends at, counters, the status (running / paused / stopped / don
 chunk whose rows were handed to a bronze window but not yet known to be committed
 (``pending``). On resume, a pending chunk counts as committed when the table's bronze
 app-transaction version (the end of its last committed window) lies beyond the chunk's high
-watermark; otherwise it is read again. Files are replaced atomically (write + rename).
+watermark; otherwise it is read again. Files are replaced atomically (locally write +
+rename; on object storage one PUT).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pgcdc_dagster.lake.paths import normalise_root
+from pgcdc_dagster.lake.storage import join, list_names, read_bytes, write_bytes
 
 STATUSES = ("running", "paused", "stopped", "done")
 
@@ -80,37 +80,33 @@ class TableProgress:
         self.pending = None
 
 
-def state_dir(lakehouse: str, slot: str) -> Path:
-    root = normalise_root(lakehouse)
-    if "://" in root:
-        raise NotImplementedError("incremental snapshot progress needs a local lakehouse path")
-    return Path(root) / "_pgcdc" / slot / "incremental"
+def state_dir(lakehouse: str, slot: str) -> str:
+    """Where a slot's progress files live (a local directory or an object-store prefix)."""
+    return join(normalise_root(lakehouse), "_pgcdc", slot, "incremental")
 
 
 class ProgressStore:
-    """The progress files of one slot."""
+    """The progress files of one slot, on local disk or object storage
+    (:mod:`pgcdc_dagster.lake.storage`)."""
 
     def __init__(self, lakehouse: str, slot: str) -> None:
         self.dir = state_dir(lakehouse, slot)
 
-    def _path(self, table: str) -> Path:
-        return self.dir / (urllib.parse.quote(table, safe="") + ".json")
+    def _path(self, table: str) -> str:
+        return join(self.dir, urllib.parse.quote(table, safe="") + ".json")
 
     def save(self, progress: TableProgress) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self._path(progress.table)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(progress), sort_keys=True))
-        os.replace(tmp, path)
+        write_bytes(self._path(progress.table),
+                    json.dumps(asdict(progress), sort_keys=True).encode())
 
     def load(self, table: str) -> TableProgress | None:
-        path = self._path(table)
-        if not path.exists():
-            return None
-        return TableProgress(**json.loads(path.read_text()))
+        data = read_bytes(self._path(table))
+        return None if data is None else TableProgress(**json.loads(data))
 
     def all(self) -> list[TableProgress]:
-        if not self.dir.exists():
-            return []
-        return [TableProgress(**json.loads(p.read_text()))
-                for p in sorted(self.dir.glob("*.json"))]
+        found = []
+        for name in list_names(self.dir, ".json"):
+            data = read_bytes(join(self.dir, name))
+            if data is not None:
+                found.append(TableProgress(**json.loads(data)))
+        return found

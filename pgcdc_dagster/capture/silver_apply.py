@@ -18,6 +18,7 @@ from pgcdc_dagster.lake.bronze_read import count_rows, read_files
 from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files
 from pgcdc_dagster.lake.silver import merge_batch, silver_from_images
 from pgcdc_dagster.lake.silver_lookup import resolve_lookups
+from pgcdc_dagster.lake.storage import storage_options
 from pgcdc_dagster.spark.lazy import SparkLike, session_of
 from pgcdc_dagster.spark.silver_batch import prepare
 
@@ -68,10 +69,12 @@ def apply_silver(ctx: TableContext, spark: SparkLike,
         return SilverReport(ctx.name, applied, target, 0, 0, counts,
                             ensure_table(ctx.silver_uri, ctx.silver_schema).version(),
                             time.monotonic() - started)
+    schema = pa.schema(bronze.schema().to_arrow())
     if count_rows(ctx.bronze_uri, files) > spark_threshold_rows:
-        batch = prepare(session_of(spark), files, ctx.relation.key_names, ctx.toastable)
+        read = pa.schema([schema.field(c) for c in INPUT_COLUMNS])
+        batch = prepare(session_of(spark), files, ctx.relation.key_names, ctx.toastable, read,
+                        storage_options(ctx.bronze_uri))
     else:
-        schema = pa.schema(bronze.schema().to_arrow())
         batch = prepare_arrow(read_files(files, schema, INPUT_COLUMNS), ctx.relation.key_names,
                               ctx.toastable)
     rows = batch.rows

@@ -55,8 +55,10 @@ from pgcdc_dagster.cdc.column_options import parse_column_options
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
 from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.paths import is_local
+from pgcdc_dagster.lake.storage import storage_options
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
     SkippedTable,
@@ -472,6 +474,7 @@ class _SnapshotRun:
             plan = state.plans[name]
             check_bronze_schema(ctx)  # fail before reading, not at the commit
             for root in (ctx.bronze_uri, ctx.silver_uri):  # the tables exist from the commit
+                ensure_safe_commits(root)  # refuse an unsafe store before reading anything
                 if is_local(root):
                     os.makedirs(root, exist_ok=True)
             size = sizes[name]
@@ -492,7 +495,8 @@ class _SnapshotRun:
                     block_size=fetch, file_prefix=f"snap{state.snapshot_id}",
                     binary=self.settings.snapshot_binary,
                     statement_timeout_ms=self.settings.incremental_statement_timeout_ms
-                    if name in self.overrides else 0))
+                    if name in self.overrides else 0,
+                    storage=storage_options(ctx.bronze_uri)))
         return tasks
 
     # --- committing ---------------------------------------------------------------------

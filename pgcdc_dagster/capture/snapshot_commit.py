@@ -13,7 +13,6 @@ A table's rows enter its Delta tables only when all its chunks are read:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from pgcdc_dagster.lake.delta import (
     open_table,
 )
 from pgcdc_dagster.lake.evolution import SchemaChangeError, conflicts, evolve
-from pgcdc_dagster.lake.paths import is_local
+from pgcdc_dagster.lake.storage import delete_file, join
 
 
 @dataclass
@@ -135,12 +134,9 @@ def version_of(table: DeltaTable, snapshot_id: int, limit: int = 50) -> int:
 
 
 def remove_uncommitted(ctx: TableContext, chunks: Mapping[int, ChunkDone]) -> None:
-    """Delete the files of chunks that will never be committed (local lakehouse only;
-    elsewhere they are orphans that ``vacuum`` removes)."""
+    """Delete the files of chunks that will never be committed (on local disk or object
+    storage; one that cannot be deleted stays an orphan that ``vacuum`` removes)."""
     for c in chunks.values():
         for root, f in ((ctx.bronze_uri, c.bronze), (ctx.silver_uri, c.silver)):
-            if f is not None and is_local(root):
-                try:
-                    os.remove(f"{root}/{f.path}")
-                except OSError:
-                    pass
+            if f is not None:
+                delete_file(join(root, f.path))

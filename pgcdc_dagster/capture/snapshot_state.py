@@ -34,9 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from deltalake import write_deltalake
 
-from pgcdc_dagster.lake.delta import open_table
+from pgcdc_dagster.lake.delta import open_table, write_table
 from pgcdc_dagster.lake.paths import normalise_root
 from pgcdc_dagster.postgres.snapshot_read import Chunk
 from pgcdc_dagster.spark.snapshot_tasks import SnapshotFile
@@ -145,8 +144,8 @@ class SnapshotLog:
 
     def _append(self, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
-            write_deltalake(self.uri, pa.Table.from_pylist(list(rows), schema=PROGRESS_SCHEMA),
-                            mode="append")
+            write_table(self.uri, pa.Table.from_pylist(list(rows), schema=PROGRESS_SCHEMA),
+                        mode="append")
 
     def start(self, snapshot_id: int, mode: str, reason: str,
               plans: Sequence[TablePlan]) -> None:

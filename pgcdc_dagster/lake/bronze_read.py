@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+
+from pgcdc_dagster.lake.delta import load_table
+from pgcdc_dagster.lake.storage import filesystem
 
 
 def conform(data: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array:
@@ -52,7 +53,7 @@ def read_files(files: Sequence[str], schema: pa.Schema,
         schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
     parts = []
     for path in files:
-        fs, inner = pafs.FileSystem.from_uri(path) if "://" in path else (None, path)
+        fs, inner = filesystem(path)
         names = None
         if columns is not None:
             present = set(pq.read_schema(inner, filesystem=fs).names)
@@ -64,7 +65,7 @@ def read_files(files: Sequence[str], schema: pa.Schema,
 def count_rows(uri: str, files: Sequence[str]) -> int:
     """Rows in the given data files, from the Delta log's statistics (no data read)."""
     wanted = {f.rsplit("/", 1)[-1] for f in files}
-    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pydict()
+    actions = pa.table(load_table(uri).get_add_actions(flatten=True)).to_pydict()
     total = 0
     for path, n in zip(actions["path"], actions["num_records"], strict=True):
         if path.rsplit("/", 1)[-1] in wanted:

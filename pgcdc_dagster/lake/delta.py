@@ -13,16 +13,18 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
+from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
 from pgcdc_dagster.lake.paths import is_local
+from pgcdc_dagster.lake.storage import filesystem, storage_options
 
 WRITER_FEATURES: Mapping[str, str] = {
     # Keep reader v1 / writer v2: readable by Spark+Delta, delta-rs, DuckDB and Polars.
@@ -42,22 +44,39 @@ class DataFile:
     stats: str
 
 
+def load_table(uri: str, version: int | None = None) -> DeltaTable:
+    """The table at ``uri`` (at ``version``), with the lakehouse's storage options.
+
+    Every DeltaTable of the package is opened here or by :func:`open_table`, so object-store
+    credentials and endpoints (:mod:`pgcdc_dagster.lake.storage`) reach delta-rs.
+    """
+    return DeltaTable(uri, version=version, storage_options=storage_options(uri))
+
+
 def open_table(uri: str) -> DeltaTable | None:
     """The table at ``uri``, or None when no Delta table exists there."""
     try:
-        return DeltaTable(uri)
+        return load_table(uri)
     except TableNotFoundError:
         return None
 
 
+def write_table(uri: str, data: Any, **kwargs: Any) -> None:
+    """``write_deltalake`` to ``uri`` with the storage options, after the commit-safety check
+    (:mod:`pgcdc_dagster.lake.commit_safety`)."""
+    ensure_safe_commits(uri)
+    write_deltalake(uri, data, storage_options=storage_options(uri), **kwargs)
+
+
 def ensure_table(uri: str, schema: pa.Schema) -> DeltaTable:
     """Open the table, creating it empty with ``schema`` when missing."""
+    ensure_safe_commits(uri)
     table = open_table(uri)
     if table is not None:
         return table
     if is_local(uri):
         os.makedirs(uri, exist_ok=True)
-    return DeltaTable.create(uri, schema, mode="ignore")
+    return DeltaTable.create(uri, schema, mode="ignore", storage_options=storage_options(uri))
 
 
 def committed_version(table: DeltaTable | None, app_id: str) -> int | None:
@@ -79,14 +98,9 @@ def commit_properties(app_id: str, version: int,
 def append_arrow(uri: str, data: pa.Table, *, app_id: str, version: int,
                  metadata: Mapping[str, str] | None = None) -> int:
     """Append ``data`` with an app transaction; return the new table version."""
-    write_deltalake(uri, data, mode="append", schema_mode="merge",
-                    commit_properties=commit_properties(app_id, version, metadata))
-    return DeltaTable(uri).version()
-
-
-def _stats(path: str, num_records: int) -> str:
-    """Delta file statistics of a local Parquet file."""
-    return stats_json(pq.read_metadata(path), num_records)
+    write_table(uri, data, mode="append", schema_mode="merge",
+                commit_properties=commit_properties(app_id, version, metadata))
+    return load_table(uri).version()
 
 
 def stats_json(meta: pq.FileMetaData, num_records: int) -> str:
@@ -112,9 +126,13 @@ def stats_json(meta: pq.FileMetaData, num_records: int) -> str:
 
 
 def describe_file(table_root: str, relative: str, num_records: int) -> DataFile:
-    """Build the DataFile of a local Parquet file already written under ``table_root``."""
-    full = os.path.join(table_root, relative)
-    return DataFile(relative, os.path.getsize(full), num_records, _stats(full, num_records))
+    """Build the DataFile of a Parquet file already written under ``table_root``."""
+    fs, base = filesystem(table_root)
+    full = f"{base.rstrip('/')}/{relative}"
+    size = fs.get_file_info(full).size
+    with fs.open_input_file(full) as handle:
+        meta = pq.read_metadata(handle)
+    return DataFile(relative, int(size or 0), num_records, stats_json(meta, num_records))
 
 
 def write_part(table_root: str, data: pa.Table, prefix: str = "part") -> DataFile:
@@ -124,7 +142,7 @@ def write_part(table_root: str, data: pa.Table, prefix: str = "part") -> DataFil
     that leaves an orphan that readers ignore and ``vacuum`` removes.
     """
     name = f"{prefix}-{uuid.uuid4().hex}.parquet"
-    fs, base = pafs.FileSystem.from_uri(table_root)
+    fs, base = filesystem(table_root)
     path = f"{base.rstrip('/')}/{name}"
     collector: list[pq.FileMetaData] = []
     pq.write_table(data, path, filesystem=fs, compression="zstd", metadata_collector=collector)
@@ -142,6 +160,7 @@ def commit_files(table: DeltaTable, files: Sequence[DataFile], schema: pa.Schema
     now = int(time.time() * 1000)
     actions: list[AddAction | RemoveAction] = [
         AddAction(f.path, f.size, {}, now, True, f.stats) for f in files]
+    ensure_safe_commits(table.table_uri)
     table.create_write_transaction(actions, mode, schema,
                                    commit_properties=commit_properties(app_id, version, metadata))
     table.update_incremental()
@@ -149,9 +168,10 @@ def commit_files(table: DeltaTable, files: Sequence[DataFile], schema: pa.Schema
 
 
 def file_paths(uri: str, version: int) -> set[str]:
-    """Data files of a table version, as paths Spark and pyarrow open (local ones unquoted)."""
-    files = DeltaTable(uri, version=version).file_uris()
-    return {unquote(f) if "://" not in f else f for f in files}
+    """Data files of a table version, as paths and URIs pyarrow opens (delta-rs percent-
+    encodes them: ``Mixed%20Case``; the stored names are unquoted)."""
+    files = load_table(uri, version).file_uris()
+    return {unquote(f) for f in files}
 
 
 def new_files(uri: str, since_version: int | None, until_version: int) -> list[str]:

@@ -26,12 +26,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import write_deltalake
 
 from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.quoting import sql_ident, sql_literal
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
-from pgcdc_dagster.lake.delta import ensure_table, open_table
+from pgcdc_dagster.lake.delta import ensure_table, open_table, write_table
 from pgcdc_dagster.lake.paths import table_uri
 
 HISTORY_SCHEMA = pa.schema([
@@ -157,7 +156,7 @@ class HistoryRecorder:
             "ordinal": int(ordinal), "shape_id": shape.shape_id, "columns": shape.columns,
             "recorded_ms": int(time.time() * 1000)}], schema=HISTORY_SCHEMA)
         ensure_table(self.uri, HISTORY_SCHEMA)
-        write_deltalake(self.uri, row, mode="append")
+        write_table(self.uri, row, mode="append")
         entry = Entry(int(lsn), int(ordinal), shape)
         keys = [(e.lsn, e.ordinal) for e in entries]
         entries.insert(bisect.bisect_right(keys, (entry.lsn, entry.ordinal)), entry)

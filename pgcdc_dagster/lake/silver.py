@@ -20,7 +20,13 @@ from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.column_versions import silver_values
 from pgcdc_dagster.cdc.quoting import sql_column, sql_ident, sql_literal
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
-from pgcdc_dagster.lake.delta import commit_files, commit_properties, ensure_table, write_part
+from pgcdc_dagster.lake.delta import (
+    commit_files,
+    commit_properties,
+    ensure_table,
+    load_table,
+    write_part,
+)
 from pgcdc_dagster.lake.evolution import evolve, with_table_metadata
 
 META_FIELDS = (
@@ -214,6 +220,6 @@ def _new_keys_only(table: DeltaTable, rows: pa.Table, keys: Sequence[str]) -> bo
 
 def live_rows(uri: str) -> pa.Table:
     """The silver table without tombstones and metadata columns (the analyst's view)."""
-    table = DeltaTable(uri).to_pyarrow_table()
+    table = load_table(uri).to_pyarrow_table()
     live = table.filter(pc.invert(table["__deleted"]))
     return live.drop_columns(list(META_NAMES))

@@ -15,12 +15,12 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import DeltaTable
 
 from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.silver_batch import SilverLookup
 from pgcdc_dagster.cdc.silver_values import from_bronze
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
+from pgcdc_dagster.lake.delta import load_table
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _native_keys(keys: Sequence[tuple[object, ...]], relation: Relation,
 def _stored_rows(uri: str, relation: Relation, keys: list[tuple[object, ...]]
                  ) -> dict[tuple[object, ...], dict[str, object]]:
     """Silver rows of the given (native) keys, by key."""
-    table = DeltaTable(uri)  # apply_silver created it before the batch
+    table = load_table(uri)  # apply_silver created it before the batch
     names = relation.key_names
     expr = None
     for i, name in enumerate(names):

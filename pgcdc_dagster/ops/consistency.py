@@ -27,7 +27,6 @@ import psycopg2.errors
 import psycopg2.extensions
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from psycopg2 import sql
 
 from pgcdc_dagster.capture.tables import TableContext
@@ -35,7 +34,7 @@ from pgcdc_dagster.cdc.changes import TableChanges
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import SlotInUseError
-from pgcdc_dagster.lake.delta import committed_version, open_table
+from pgcdc_dagster.lake.delta import committed_version, load_table, open_table
 from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.peek import peek_window
 from pgcdc_dagster.postgres.slot import slot_info
@@ -337,7 +336,7 @@ def compare_with_source(dsn: str, ctx: TableContext, slot: str, publication: str
         finally:
             snap.rollback()
             snap.close()
-    pinned = DeltaTable(ctx.silver_uri, version=report.silver_version)
+    pinned = load_table(ctx.silver_uri, report.silver_version)
     dataset = pinned.to_pyarrow_dataset()
     for batch in dataset.to_batches(columns=report.columns, filter=~pc.field("__deleted")):
         cmp.digest(report.silver, batch.cast(target))

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
-from pgcdc_dagster.lake.delta import open_table
+from pgcdc_dagster.lake.delta import load_table, open_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +38,7 @@ def table_stats(uri: str, version: int | None = None) -> TableStats:
         return TableStats(None)
     if version is not None and version != table.version():
         try:
-            table = DeltaTable(uri, version=version)
+            table = load_table(uri, version)
         except Exception:  # vacuumed or recreated: nothing to compare with
             return TableStats(None)
     adds = pa.table(table.get_add_actions(flatten=True))
@@ -57,7 +56,7 @@ def growth(before: TableStats, after: TableStats, uri: str) -> Growth:
     """Files, bytes and rows the table gained between two readings (rewrites count too)."""
     if after.version is None or before.version == after.version:
         return Growth(0, 0, 0)
-    table = DeltaTable(uri, version=after.version)
+    table = load_table(uri, after.version)
     adds = pa.table(table.get_add_actions(flatten=True))
     new = [i for i, p in enumerate(adds.column("path").to_pylist()) if p not in before.paths]
     if not new:

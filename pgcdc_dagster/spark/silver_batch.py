@@ -12,7 +12,7 @@ few rows involved are collected and resolved on the driver).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -31,14 +31,61 @@ def _seq(df_col: str = "") -> list[SparkColumn]:
     return [F.col(f"{df_col}__commit_lsn"), F.col(f"{df_col}__ordinal")]
 
 
+class _RemoteReader:
+    """``mapInArrow`` function: each executor reads its share of the files through pyarrow's
+    own filesystem (no Hadoop S3 connector needed), conformed to the table's schema."""
+
+    def __init__(self, schema: pa.Schema, storage: dict[str, str] | None) -> None:
+        self.schema = schema
+        self.storage = storage
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        from pgcdc_dagster.lake.bronze_read import conform_table
+        from pgcdc_dagster.lake.storage import filesystem
+
+        for batch in batches:
+            for path in batch.column(0).to_pylist():
+                fs, inner = filesystem(path, self.storage)
+                with fs.open_input_file(inner) as handle:
+                    parquet = pq.ParquetFile(handle)
+                    present = set(parquet.schema_arrow.names)
+                    names = [n for n in self.schema.names if n in present]
+                    for group in parquet.iter_batches(columns=names):
+                        yield from conform_table(pa.Table.from_batches([group]),
+                                                 self.schema).to_batches()
+
+
+def read_bronze(spark: SparkSession, files: Sequence[str], schema: pa.Schema | None = None,
+                storage: dict[str, str] | None = None) -> DataFrame:
+    """The bronze files as a DataFrame. Local files: Spark's Parquet reader (schemas merged).
+    Object-store files: read on the executors through pyarrow (``schema`` is the table's)."""
+    from pgcdc_dagster.lake.paths import is_local
+
+    if schema is None or all(is_local(f) for f in files):
+        # Files written before and after a schema change differ: merge their schemas.
+        return spark.read.option("mergeSchema", "true").parquet(*files)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    slots = max(1, int(spark.sparkContext.defaultParallelism))
+    paths = spark.createDataFrame([(f,) for f in files], "path string") \
+        .repartition(min(len(files), slots))
+    return paths.mapInArrow(_RemoteReader(schema, storage), from_arrow_schema(schema))
+
+
 def prepare(spark: SparkSession, files: Sequence[str], key_columns: Sequence[str],
-            toastable: Sequence[str]) -> PreparedBatch:
-    """Read bronze files and reduce them to one row per key (see module docstring)."""
+            toastable: Sequence[str], schema: pa.Schema | None = None,
+            storage: dict[str, str] | None = None) -> PreparedBatch:
+    """Read bronze files and reduce them to one row per key (see module docstring).
+
+    ``schema`` (the bronze table's, restricted to what is read) and ``storage`` (its storage
+    options) are needed for files on object storage; see :func:`read_bronze`.
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    # Files written before and after a schema change differ: merge their schemas.
-    bronze: DataFrame = spark.read.option("mergeSchema", "true").parquet(*files)
+    bronze: DataFrame = read_bronze(spark, files, schema, storage)
     events = bronze.count()
     trunc = (bronze.where(F.col("op") == "t")
              .agg(F.max(F.struct(*_seq())).alias("m")).collect()[0]["m"])

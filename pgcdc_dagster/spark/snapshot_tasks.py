@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg2
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from psycopg2 import sql
 from pyspark.accumulators import Accumulator, AccumulatorParam
@@ -38,6 +37,7 @@ from pgcdc_dagster.cdc.copy_columns import split_fields
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.delta import stats_json
+from pgcdc_dagster.lake.storage import filesystem
 from pgcdc_dagster.postgres import snapshot_read
 from pgcdc_dagster.postgres.binary_read import read_binary_rows
 from pgcdc_dagster.postgres.snapshot_read import Chunk, KeyColumn, chunk_query, read_text_batches
@@ -79,6 +79,10 @@ class ChunkTask:
     """Read with binary COPY (``snapshot_binary``); False: text COPY."""
     statement_timeout_ms: int = 0
     """``statement_timeout`` of the chunk's read (set for an override's chunks; 0: none)."""
+    storage: dict[str, str] | None = None
+    """Storage options of an object-store lakehouse (``lake.storage``), resolved on the
+    driver: the executor writes through pyarrow's own filesystem with them. Secrets: never
+    printed (see ``__repr__``)."""
 
     def __repr__(self) -> str:  # never print the DSN
         return f"ChunkTask({self.chunk})"
@@ -135,9 +139,9 @@ class _Output:
     """One Parquet file under a table root, opened on the first row group."""
 
     def __init__(self, root: str, name: str, schema: pa.Schema,
-                 options: Callable[[], dict[str, Any]]) -> None:
-        self.fs, base = pafs.FileSystem.from_uri(root) if "://" in root else \
-            (pafs.LocalFileSystem(), root)
+                 options: Callable[[], dict[str, Any]],
+                 storage: dict[str, str] | None = None) -> None:
+        self.fs, base = filesystem(root, storage)
         self.name = name
         self.path = f"{base.rstrip('/')}/{name}"
         self.schema = schema
@@ -200,9 +204,9 @@ def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
                           lsn=task.lsn, processed_ms=task.processed_ms)
     name = f"part-{task.file_prefix}-{task.chunk.index:05d}-{uuid.uuid4().hex}.parquet"
     bronze = _Output(task.bronze_root, name, conv.bronze_writer_schema,
-                     lambda: conv.bronze_options)
+                     lambda: conv.bronze_options, task.storage)
     silver = _Output(task.silver_root, name, conv.silver_writer_schema,
-                     lambda: conv.silver_options)
+                     lambda: conv.silver_options, task.storage)
     columns = [c.name for c in task.relation.columns]
     query = chunk_query(task.chunk, columns, task.key, task.override)
     groups = _binary_groups(task, conv, query, columns) if task.binary else \
