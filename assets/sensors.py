@@ -29,6 +29,7 @@ import psycopg2
 from assets.jobs import CaptureJobs
 from assets.keys import SLOT_KEY
 from assets.run_liveness import live_run_in_flight
+from pgcdc_dagster.cdc.column_options import parse_column_options
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.ops.discovery import describe, discover
 from pgcdc_dagster.ops.pending_changes import count_pending_changes
@@ -144,7 +145,8 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
                                capture: CaptureResource) -> dg.SensorResult:
         with postgres.get_connection() as conn:
             report = discover(conn, split_list(capture.tables),
-                              split_list(capture.exclude_tables), captured)
+                              split_list(capture.exclude_tables), captured,
+                              key_for=parse_column_options(capture.column_options()).key_for)
         state = json.dumps({"new": report.new, "unkeyed": report.unkeyed,
                             "gone": report.gone}, sort_keys=True)
         message = describe(report)

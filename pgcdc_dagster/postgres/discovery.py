@@ -120,8 +120,8 @@ def names_table(patterns: Sequence[str], schema: str, table: str) -> bool:
     return any(re.sub(r"\\(.)", r"\1", p) == f"{schema}.{table}" for p in patterns)
 
 
-def _unusable(schema: str, table: str, persistence: str, readable: bool,
-              replica_identity: str) -> SkippedTable | None:
+def unusable(schema: str, table: str, persistence: str, readable: bool,
+             replica_identity: str) -> SkippedTable | None:
     """Why a matched table cannot be captured whatever its key (None: it can be)."""
     name = display_name(schema, table)
     if persistence == "u":
@@ -187,7 +187,7 @@ def resolve_capture(conn: psycopg2.extensions.connection, include: Sequence[str]
         if _matches(exclude, schema, table):
             continue
         explicit = names_table(include, schema, table)
-        skipped = _unusable(schema, table, str(persistence), bool(readable), str(ident))
+        skipped = unusable(schema, table, str(persistence), bool(readable), str(ident))
         if skipped is not None:
             if explicit:
                 raise ConfigurationError(
@@ -202,13 +202,18 @@ def resolve_capture(conn: psycopg2.extensions.connection, include: Sequence[str]
         except MissingPrimaryKeyError:
             if explicit:
                 raise
-            out.skipped.append(SkippedTable(
-                schema, table, "no primary key, replica identity index or message.key.columns, "
-                "so its current state cannot be keyed (and publishing it would make the "
-                "source's own UPDATE and DELETE on it fail)",
-                "add a primary key, or name its key in message.key.columns with REPLICA "
-                "IDENTITY FULL, or exclude it (table.exclude.list)"))
+            out.skipped.append(keyless(schema, table))
     return out
+
+
+def keyless(schema: str, table: str) -> SkippedTable:
+    """Why a table without any key is left out, and the fix."""
+    return SkippedTable(
+        schema, table, "no primary key, replica identity index or message.key.columns, so "
+        "its current state cannot be keyed (and publishing it would make the source's own "
+        "UPDATE and DELETE on it fail)",
+        "add a primary key, or name its key in message.key.columns with REPLICA IDENTITY "
+        "FULL, or exclude it (table.exclude.list)")
 
 
 def describe_table(conn: psycopg2.extensions.connection, oid: int, schema: str, table: str,

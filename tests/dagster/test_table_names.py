@@ -156,6 +156,16 @@ def test_unusual_names_and_unusable_tables(pg_dsn, pg_conn, spark, lakehouse, mo
     assert isinstance(tick, dg.SensorResult)
     assert [r.partition_key for r in tick.run_requests or []] == [partition_key(*quote)]
 
+    # the discovery sensor: nothing new, the two unusable tables with their reasons
+    sensor = loaded.resolve_sensor_def("table_discovery_sensor")
+    with dg.build_sensor_context(instance=instance, resources=loaded.resources) as context:
+        tick = sensor(context)
+    assert isinstance(tick, dg.SensorResult)
+    state = json.loads(tick.cursor or "")
+    assert state["new"] == [["ops", "signals"]]  # created after the location loaded
+    assert state["unkeyed"] == [["public", "keyless"], ["public", "scratch"]]
+    assert "SET LOGGED" in str(tick.skip_reason)
+
     result = loaded.resolve_job_def("capture_checks").execute_in_process(instance=instance)
     assert result.success
     evaluations = result.get_asset_check_evaluations()
