@@ -7,7 +7,7 @@ name them with :func:`pgcdc_dagster.names.identifier`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import dagster as dg
@@ -103,8 +103,3 @@ def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | No
 
     return inner
 
-
-def describe_keys(keys: Mapping[tuple[str, str], dg.AssetKey]) -> str:
-    """``schema.table -> key`` lines for the tables whose key differs from their name."""
-    return "; ".join(f"{display_name(s, t)} -> {k.to_user_string()}"
-                     for (s, t), k in keys.items() if list(k.path[1:]) != [s, t])

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -30,6 +34,8 @@ from resources import CaptureResource, LakehouseResource, PostgresResource, Spar
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CAPTURED = [("public", "orders"), ("public", "my table"), ("public", 'q"uote'),
             ("public", "it's"), ("public", "sl/ash"), ("public", "café"), ("public", "a-b"),
@@ -217,3 +223,24 @@ def test_lag_sensor_counts_changes_of_a_mixed_case_publication(pg_dsn, pg_conn, 
     assert isinstance(result, dg.SensorResult)
     assert result.skip_reason is None, result.skip_reason
     assert result.run_requests[0].tags["pgcdc/pending_changes"] == "12"
+
+
+def test_the_cli_loads_the_location_and_selects_an_escaped_key(pg_dsn, pg_conn,
+                                                                 tmp_path) -> None:
+    """What `dagster` commands do: load the module as a code location in a new process."""
+    with pg_conn.cursor() as cur:
+        cur.execute('CREATE TABLE "my table" (id int PRIMARY KEY); CREATE TABLE "a-b" '
+                    "(id int PRIMARY KEY); CREATE TABLE keyless (v text)")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {**os.environ, "PGCDC_PG_DSN": pg_dsn, "DAGSTER_HOME": str(home),
+           "PYTHONPATH": str(ROOT)}
+    env.pop("PGCDC_TABLES", None)
+    cli = Path(sys.executable).parent / "dagster"
+    proc = subprocess.run([str(cli), "asset", "list", "-m", "pgcdc_dagster.definitions",
+                           "--select", "bronze/public/x__my_20_table"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["bronze/public/x__my_20_table"]
+    assert "public.keyless: no primary key" in proc.stderr
