@@ -84,8 +84,9 @@ class IncrementalConfig(dg.Config):
         "incremental_snapshot_chunk_size (incremental.snapshot.chunk.size).")
     additional_condition: str = Field(
         default="", description="additional-conditions filter applied to every table of the "
-        "run: one boolean SQL expression over the table's columns (checked: no statements, "
-        "no volatile functions, read in READ ONLY transactions).")
+        "run: one boolean SQL expression over the table's columns, parsed by PostgreSQL's "
+        "parser and limited to the filter grammar of docs/incremental.md (columns, constants, "
+        "allow-listed operators, functions and casts); read READ ONLY with a statement_timeout.")
     surrogate_key: str = Field(
         default="", description="surrogate-key: a column to order chunks by (then by the "
         "primary key) instead of the primary key alone; NULLs sort last and are read once.")
