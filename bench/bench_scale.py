@@ -28,9 +28,11 @@ from pathlib import Path
 
 import psycopg2
 
+from pgcdc_dagster.postgres import local_cluster
 from pgcdc_dagster.postgres.local_cluster import LocalCluster
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(local_cluster.__file__).resolve().parents[2]
+"""The code measured: the checkout ``pgcdc_dagster`` is imported from (PYTHONPATH decides)."""
 
 
 def create_tables(dsn: str, schema: str, count: int, rows: int) -> None:

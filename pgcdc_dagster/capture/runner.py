@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -116,10 +116,18 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
     if settings.snapshot_mode == "initial_only":
         run.notes.append("snapshot.mode = initial_only: no streaming")
         return run
-    run.resnapshot = resnapshot_returning_tables(settings, spark, captured, run, progress)
+    # Offsets as the contexts read them, but for the tables this run's snapshot committed:
+    # no bronze table is opened again to check for stale offsets (issue 16).
+    offsets = {c.relation.qualified: c.offset for c in captured}
+    for ctx in run.changed():
+        offsets.pop(ctx.relation.qualified, None)
+    run.resnapshot = resnapshot_returning_tables(settings, spark, captured, run, progress,
+                                                 offsets)
+    for ctx in run.resnapshot:
+        offsets.pop(ctx.relation.qualified, None)
     with connection(settings.dsn) as conn:
         ident = SourceIdentity(settings.topic_prefix, current_database(conn))
-    run.stream = run_windows(settings, contexts, ident)
+    run.stream = run_windows(settings, contexts, ident, offsets=offsets)
     progress(f"stream: {len(run.stream.windows)} windows, {run.stream.start} -> "
              f"{run.stream.end}, slot lag {run.stream.slot_lag_bytes} bytes")
     return run
@@ -127,15 +135,18 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
 
 def resnapshot_returning_tables(settings: CaptureSettings, spark: SparkLike,
                                 captured: list[TableContext], run: BronzeRun,
-                                progress: Callable[[str], None]) -> list[TableContext]:
+                                progress: Callable[[str], None],
+                                offsets: Mapping[tuple[str, str], int | None] | None = None
+                                ) -> list[TableContext]:
     """Snapshot again the tables that come back to the capture set after windows were read
     without them: their old offset would resume the stream past the changes made meanwhile.
-    The new snapshot replaces their silver (rows deleted meanwhile leave it too)."""
+    The new snapshot replaces their silver (rows deleted meanwhile leave it too).
+    ``offsets``: current bronze offsets the caller knows (:func:`stale_tables`)."""
     with connection(settings.dsn) as conn:
         info = slot_info(conn, settings.slot)
     if info is None or info.confirmed_flush_lsn is None:
         return []
-    stale = stale_tables(settings, captured, info.confirmed_flush_lsn)
+    stale = stale_tables(settings, captured, info.confirmed_flush_lsn, offsets=offsets)
     if not stale:
         return []
     names = ", ".join(c.name for c in stale)

@@ -54,10 +54,12 @@ from pgcdc_dagster.capture.tables import TableContext, build_context
 from pgcdc_dagster.cdc.column_options import parse_column_options
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.cdc.typeconv import PgType
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
 from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.paths import is_local
+from pgcdc_dagster.lake.schema_history import history_uri, read_histories
 from pgcdc_dagster.lake.storage import storage_options
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
@@ -136,7 +138,12 @@ def load_capture(settings: CaptureSettings) -> tuple[list[TableContext], list[Sk
         check_server(conn)
         key_for = parse_column_options(tuple(settings.column_options)).key_for
         found = resolve_capture(conn, settings.include, settings.exclude, key_for=key_for)
-        return [build_context(conn, r, settings) for r in found.relations], found.skipped
+        # Types resolved and the schema history read once for every table.
+        types: dict[int, PgType] = {}
+        histories = read_histories(history_uri(settings.lakehouse)) \
+            if settings.lakehouse else None
+        return [build_context(conn, r, settings, type_cache=types, histories=histories)
+                for r in found.relations], found.skipped
 
 
 def load_contexts(settings: CaptureSettings) -> list[TableContext]:
@@ -252,7 +259,9 @@ class _SnapshotRun:
         with connection(self.settings.dsn) as conn:
             self._prepare(conn)
             slot = slot_info(conn, self.settings.slot)
-        offsets = {name: has_offset(ctx) for name, ctx in self.contexts.items()}
+        # A context's offset, once set, only grows: open bronze only for tables without one.
+        offsets = {name: ctx.offset is not None or has_offset(ctx)
+                   for name, ctx in self.contexts.items()}
         state = self.log.load()
         open_state = state if state is not None and state.open else None
         decision = decide(self.mode, force=force, slot=slot, slot_name=self.settings.slot,

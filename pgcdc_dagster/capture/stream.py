@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psycopg2.extensions
@@ -214,16 +214,22 @@ def _last_ms(settings: CaptureSettings) -> int:
 
 
 def stale_tables(settings: CaptureSettings, contexts: Sequence[TableContext],
-                 confirmed: Lsn, log: CaptureSetLog | None = None) -> list[TableContext]:
+                 confirmed: Lsn, log: CaptureSetLog | None = None,
+                 offsets: Mapping[tuple[str, str], int | None] | None = None
+                 ) -> list[TableContext]:
     """Tables whose bronze offset was passed by windows read without them (a table removed
     from the capture set and added back): streaming them on would lose those changes.
-    ``log``: the log already read by the caller."""
+    ``log``: the log already read by the caller; ``offsets``: bronze offsets by
+    ``(schema, table)`` the caller knows to be current (the others are read from bronze)."""
     log = capture_set_log(settings) if log is None else log
     if not log:
         return []
+    known = offsets if offsets is not None else {}
     out = []
     for ctx in contexts:
-        offset = committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id)
+        name = ctx.relation.qualified
+        offset = known[name] if name in known else committed_version(
+            open_table(ctx.bronze_uri), ctx.bronze_app_id)
         if offset is not None and missed_windows(log, ctx.relation.qualified, offset,
                                                  int(confirmed)):
             out.append(ctx)
@@ -236,8 +242,13 @@ segments to the window (incremental-snapshot chunks) and write new WAL (watermar
 
 
 def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
-                ident: SourceIdentity, *, hook: WindowHook | None = None) -> StreamReport:
-    """Read and write windows until caught up, out of windows, or out of time."""
+                ident: SourceIdentity, *, hook: WindowHook | None = None,
+                offsets: Mapping[tuple[str, str], int | None] | None = None
+                ) -> StreamReport:
+    """Read and write windows until caught up, out of windows, or out of time.
+
+    ``offsets``: bronze offsets by ``(schema, table)`` known to be current (:func:`stale_tables`).
+    """
     started = time.monotonic()
     report = StreamReport()
     by_name = {c.relation.qualified: c for c in contexts}
@@ -251,7 +262,7 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
             ensure_publication(conn, settings.publication, [c.relation for c in contexts])
         position = info.confirmed_flush_lsn
         log = capture_set_log(settings)  # read once per run
-        stale = stale_tables(settings, contexts, position, log)
+        stale = stale_tables(settings, contexts, position, log, offsets)
         if stale:
             raise ConfigurationError(
                 f"{', '.join(c.name for c in stale)}: windows were read while the table was "

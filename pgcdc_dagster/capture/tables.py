@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 import psycopg2.extensions
@@ -26,12 +26,12 @@ from pgcdc_dagster.cdc.column_options import (
 )
 from pgcdc_dagster.cdc.column_versions import assign_field, column_of, compatible, renamed, versions
 from pgcdc_dagster.cdc.envelope import bronze_schema
-from pgcdc_dagster.cdc.typeconv import ColumnConverter, TypeModes, converter_for
+from pgcdc_dagster.cdc.typeconv import ColumnConverter, PgType, TypeModes, converter_for
 from pgcdc_dagster.cdc.typeconv.defaults import with_default
 from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.evolution import SchemaChangeError
 from pgcdc_dagster.lake.paths import table_uri
-from pgcdc_dagster.lake.schema_history import HistoryRecorder, Shape, history_uri
+from pgcdc_dagster.lake.schema_history import Entry, HistoryRecorder, Shape, history_uri
 from pgcdc_dagster.lake.silver import silver_schema, toastable_columns
 from pgcdc_dagster.postgres.catalog import load_types, table_column_defaults, table_columns
 
@@ -57,6 +57,9 @@ class TableContext:
     schema the versioned field names are chosen against)."""
     history: HistoryRecorder | None = field(default=None, compare=False, repr=False)
     """Records the shapes of the events written (None: no schema history)."""
+    offset: int | None = field(default=None, compare=False)
+    """Bronze's offset (app transaction) when the context was built: None before the table's
+    first commit. It only grows, so a run's checks may trust a value that is set."""
     _shapes: dict[Relation, tuple[ColumnConverter, ...]] = field(
         default_factory=dict, compare=False, repr=False)
     _shape_ids: dict[int, Shape] = field(default_factory=dict, compare=False, repr=False)
@@ -209,7 +212,10 @@ def converters_for(columns: Sequence[Column], types: dict[int, object],
 
 
 def build_context(conn: psycopg2.extensions.connection, relation: Relation,
-                  settings: CaptureSettings) -> TableContext:
+                  settings: CaptureSettings, *,
+                  type_cache: MutableMapping[int, PgType] | None = None,
+                  histories: Mapping[tuple[str, str], list[Entry]] | None = None
+                  ) -> TableContext:
     """Resolve the relation's column types and build its context.
 
     Columns whose type Debezium omits are dropped; NOT NULL columns get required schemas
@@ -220,11 +226,14 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
     older fields so silver reads every event. The context's shape is recorded in the schema
     history at the table's offset when it is not the shape in force there.
 
+    ``type_cache`` and ``histories`` (:func:`read_histories`) let a caller building many
+    contexts resolve types and read the schema history once for all of them.
+
     Raises:
         SchemaChangeError: a key column's type changed since bronze stored it.
     """
     schema, table = relation.namespace, relation.name
-    types = load_types(conn, {c.type_oid for c in relation.columns})
+    types = load_types(conn, {c.type_oid for c in relation.columns}, cache=type_cache)
     not_null = {name for name, _, _, nn in table_columns(conn, schema, table) if nn}
     convs = converters_for(relation.columns, types, settings.modes,  # type: ignore[arg-type]
                            not_null=not_null,
@@ -245,10 +254,11 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
     committed = _after_fields(bronze)
     converters = _versioned(conn, rel, converters, committed, settings, options)
     app_id = f"{settings.app_prefix}:bronze:{schema}.{table}"
-    history = HistoryRecorder(history_uri(settings.lakehouse), schema, table) \
-        if settings.lakehouse else None
+    offset = committed_version(bronze, app_id)
+    history = HistoryRecorder(history_uri(settings.lakehouse), schema, table,
+                              None if histories is None else histories.get((schema, table), [])
+                              ) if settings.lakehouse else None
     if history is not None:
-        offset = committed_version(bronze, app_id)
         if offset is None:  # no event stored yet: the history starts here
             history.restart(Shape.of(rel, converters))
         else:
@@ -265,6 +275,7 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
         options=options,
         committed=committed,
         history=history,
+        offset=offset,
     )
 
 

@@ -88,7 +88,22 @@ def read_history(uri: str, schema: str, table: str) -> list[Entry]:
         return []
     data = delta.to_pyarrow_table()
     mine = data.filter(pc.and_(pc.equal(data["schema"], schema), pc.equal(data["table"], table)))
-    rows = sorted(mine.to_pylist(), key=lambda r: (r["lsn"], r["ordinal"], r["recorded_ms"]))
+    return _entries(mine.to_pylist())
+
+
+def read_histories(uri: str) -> dict[tuple[str, str], list[Entry]]:
+    """The entries of every table, read once (a run loading many tables' contexts)."""
+    delta = open_table(uri)
+    if delta is None:
+        return {}
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in delta.to_pyarrow_table().to_pylist():
+        rows.setdefault((row["schema"], row["table"]), []).append(row)
+    return {name: _entries(mine) for name, mine in rows.items()}
+
+
+def _entries(rows: list[dict[str, Any]]) -> list[Entry]:
+    rows = sorted(rows, key=lambda r: (r["lsn"], r["ordinal"], r["recorded_ms"]))
     out: list[Entry] = []
     for r in rows:
         entry = Entry(int(r["lsn"]), int(r["ordinal"]), Shape(r["columns"], r["shape_id"]))
@@ -112,11 +127,14 @@ class HistoryRecorder:
     Picklable only before first use; contexts carry one, the driver uses it.
     """
 
-    def __init__(self, uri: str, schema: str, table: str) -> None:
+    def __init__(self, uri: str, schema: str, table: str,
+                 entries: list[Entry] | None = None) -> None:
+        """``entries``: the table's history when the caller read it already
+        (:func:`read_histories`)."""
         self.uri = uri
         self.schema = schema
         self.table = table
-        self._entries: list[Entry] | None = None
+        self._entries: list[Entry] | None = entries
 
     def entries(self) -> list[Entry]:
         if self._entries is None:
