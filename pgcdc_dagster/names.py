@@ -139,13 +139,15 @@ def tag_value(name: str) -> str | None:
 _PLAIN_SQL = re.compile(r"[a-z_][a-z0-9_]*")
 
 
-def display_name(schema: str, table: str) -> str:
-    """``schema.table`` as PostgreSQL writes it (``quote_ident``): a part that is not
-    lower-case plain is double-quoted, ``"`` doubled. Usable in the SQL of a fix."""
-    def part(p: str) -> str:
-        return p if _PLAIN_SQL.fullmatch(p) else '"' + p.replace('"', '""') + '"'
+def quote_ident(name: str) -> str:
+    """``name`` as PostgreSQL's ``quote_ident`` writes it (keywords aside): double-quoted,
+    ``"`` doubled, unless lower-case plain. Usable in the SQL of a fix."""
+    return name if _PLAIN_SQL.fullmatch(name) else '"' + name.replace('"', '""') + '"'
 
-    return f"{part(schema)}.{part(table)}"
+
+def display_name(schema: str, table: str) -> str:
+    """``schema.table`` with each part as :func:`quote_ident` writes it."""
+    return f"{quote_ident(schema)}.{quote_ident(table)}"
 
 
 INVALID_PARTITION_SUBSTRINGS = ("...", "\a", "\b", "\f", "\n", "\r", "\t", "\v", "\0")

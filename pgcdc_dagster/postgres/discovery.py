@@ -134,8 +134,7 @@ def unusable(schema: str, table: str, persistence: str, readable: bool,
     if replica_identity == "n":
         return SkippedTable(schema, table, "REPLICA IDENTITY NOTHING: publishing it would "
                             "make the source's own UPDATE and DELETE on it fail",
-                            f"ALTER TABLE {name} REPLICA IDENTITY DEFAULT (with a primary key) "
-                            "or FULL")
+                            replica_identity_fix(schema, table))
     return None
 
 

@@ -17,6 +17,7 @@ from psycopg2 import sql
 from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, SlotInUseError, SlotLostError
+from pgcdc_dagster.names import display_name, quote_ident
 from pgcdc_dagster.postgres.connection import connect
 from pgcdc_dagster.postgres.discovery import replica_identity_fix, tables_without_replica_identity
 
@@ -176,15 +177,15 @@ def ensure_publication(conn: psycopg2.extensions.connection, name: str,
             if row is None:
                 raise ConfigurationError(
                     f"publication {name!r} does not exist and publication.autocreate.mode is "
-                    f"'disabled'. Create it (CREATE PUBLICATION {name} FOR TABLE ...), or set "
-                    "the mode to 'filtered'."
+                    f"'disabled'. Create it (CREATE PUBLICATION {quote_ident(name)} FOR TABLE "
+                    "...), or set the mode to 'filtered'."
                 )
             lacking = [] if row[0] else _unpublished(cur, name, tables)
             if lacking:
                 raise ConfigurationError(
                     f"publication {name!r} does not publish {', '.join(lacking)}, so their "
                     "changes would never be captured, and publication.autocreate.mode is "
-                    f"'disabled'. Fix: ALTER PUBLICATION {name} ADD TABLE "
+                    f"'disabled'. Fix: ALTER PUBLICATION {quote_ident(name)} ADD TABLE "
                     f"{', '.join(lacking)}; or set the mode to 'filtered', or remove them "
                     "from the include list."
                 )
@@ -231,7 +232,8 @@ def _unpublished(cur: psycopg2.extensions.cursor, name: str,
     cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
                 (name,))
     present = {(str(s), str(t)) for s, t in cur.fetchall()}
-    return [f"{t.namespace}.{t.name}" for t in tables if (t.namespace, t.name) not in present]
+    return [display_name(t.namespace, t.name) for t in tables
+            if (t.namespace, t.name) not in present]
 
 
 def _refuse_without_identity(conn: psycopg2.extensions.connection, name: str,
@@ -241,7 +243,7 @@ def _refuse_without_identity(conn: psycopg2.extensions.connection, name: str,
     bad = tables_without_replica_identity(conn, names)
     if not bad:
         return
-    listed = ", ".join(f"{s}.{t} (REPLICA IDENTITY {_IDENTITY_NAMES.get(r, r)})"
+    listed = ", ".join(f"{display_name(s, t)} (REPLICA IDENTITY {_IDENTITY_NAMES.get(r, r)})"
                        for s, t, r in bad)
     fixes = "; ".join(replica_identity_fix(s, t) for s, t, _ in bad)
     scope = ("a publication FOR ALL TABLES would include " if tables is None
