@@ -50,6 +50,20 @@ FILL = {
 }
 
 
+def fill_tables(dsn: str, rows: int) -> int:
+    """Create and fill the benchmark tables (``rows`` across them); rows per table."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    per_table = rows // len(TABLES)
+    with conn.cursor() as cur:
+        for name, ddl in TABLES.items():
+            cur.execute(ddl)
+            cur.execute(FILL[name] % per_table)
+        cur.execute("VACUUM ANALYZE")
+    conn.close()
+    return per_table
+
+
 class Sink:
     def __init__(self) -> None:
         self.bytes = 0
@@ -132,15 +146,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-snap-"))
     cluster = LocalCluster(root / "pg").start()
     try:
-        conn = psycopg2.connect(cluster.dsn)
-        conn.autocommit = True
-        per_table = args.rows // len(TABLES)
-        with conn.cursor() as cur:
-            for name, ddl in TABLES.items():
-                cur.execute(ddl)
-                cur.execute(FILL[name] % per_table)
-            cur.execute("VACUUM ANALYZE")
-        conn.close()
+        per_table = fill_tables(cluster.dsn, args.rows)
         total = per_table * len(TABLES)
         spark = build_session()
         spark.range(10).count()  # the JVM's start-up is not snapshot work

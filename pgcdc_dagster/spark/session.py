@@ -24,6 +24,26 @@ REQUIRED_CONF: Mapping[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
 }
 
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""The directory holding the ``pgcdc_dagster`` package (a checkout or site-packages)."""
+
+
+def cluster_conf(master: str, given: Mapping[str, str]) -> dict[str, str]:
+    """Settings that give a cluster's executors the project's Python ("shared path").
+
+    Executors run the Python the driver names (``spark.pyspark.python``, default: this
+    interpreter, e.g. the venv's ``bin/python``) and import the project from
+    ``spark.executorEnv.PYTHONPATH`` (default: the directory this package was loaded from).
+    Both paths must exist on every worker: the same image, or a shared mount. Settings the
+    user gave win; ``local[...]`` masters need none of this.
+    """
+    if master.startswith("local"):
+        return {}
+    out = {"spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable)}
+    out["spark.executorEnv.PYTHONPATH"] = PROJECT_ROOT
+    return {k: v for k, v in out.items() if k not in given}
+
+
 _FORBIDDEN = ("io.delta.sql.DeltaSparkSessionExtension",
               "org.apache.spark.sql.delta.catalog.DeltaCatalog")
 
@@ -49,6 +69,7 @@ def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
     settings = dict(REQUIRED_CONF)
     if not master.startswith("local"):
         settings.pop("spark.driver.bindAddress")
+        settings.update(cluster_conf(master, conf or {}))
     if driver_memory:
         settings["spark.driver.memory"] = driver_memory
     for key, value in (conf or {}).items():

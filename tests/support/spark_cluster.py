@@ -1,0 +1,157 @@
+"""A real Spark standalone cluster on loopback, started with pyspark's own launcher.
+
+One master and ``workers`` workers (``--cores 1 --memory 1g`` each), every one a process of
+this test run (``$SPARK_HOME/bin/spark-class``; pyspark's package directory is SPARK_HOME),
+stopped by PID. Also the driver side of the cluster test, run in a child process (one
+SparkContext per process, and the test session already has its local one):
+
+    python -m tests.support.spark_cluster MASTER UI_PORT DSN LAKEHOUSE...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=120) as response:
+        return json.loads(response.read())
+
+
+@dataclass
+class Cluster:
+    master: str
+    webui: str
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    workdir: Path | None = None
+
+    def alive_workers(self) -> list[dict[str, Any]]:
+        return [w for w in get_json(f"{self.webui}/json/")["workers"] if w["state"] == "ALIVE"]
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.terminate()
+        for proc in self.processes:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def start(workers: int = 2, timeout: float = 90.0) -> Cluster:
+    import pyspark
+
+    home = os.path.dirname(pyspark.__file__)
+    workdir = Path(tempfile.mkdtemp(prefix="pgcdc-spark-cluster-"))
+    env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_LOG_DIR=str(workdir), SPARK_NO_DAEMONIZE="1")
+    for name in ("PYTHONPATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_ENDPOINT_URL"):
+        env.pop(name, None)  # executors get the project and credentials from the driver
+    port, ui = free_port(), free_port()
+    cluster = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}", workdir=workdir)
+    launcher = f"{home}/bin/spark-class"
+
+    def spawn(args: list[str], log: str) -> None:
+        with open(workdir / log, "wb") as out:
+            cluster.processes.append(subprocess.Popen([launcher, *args], env=env, stdout=out,
+                                                      stderr=subprocess.STDOUT))
+
+    try:
+        spawn(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+               str(port), "--webui-port", str(ui)], "master.log")
+        _wait(lambda: get_json(f"{cluster.webui}/json/")["status"] == "ALIVE", timeout,
+              workdir / "master.log")
+        for i in range(workers):
+            spawn(["org.apache.spark.deploy.worker.Worker", cluster.master, "--host",
+                   "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port",
+                   str(free_port()), "--work-dir", str(workdir / f"work{i}")], f"worker{i}.log")
+        _wait(lambda: len(cluster.alive_workers()) == workers, timeout, workdir / "worker0.log")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _wait(ready: Any, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"Spark cluster not ready after {timeout}s: {log.read_text()[-2000:]}")
+
+
+CHANGES = """
+INSERT INTO items SELECT g, 'new ' || g, g * 2 FROM generate_series(3001, 3300) g;
+UPDATE items SET label = label || '+', qty = qty + 1 WHERE id % 7 = 0;
+DELETE FROM items WHERE id % 11 = 0;
+"""
+
+
+def drive(master: str, ui_port: int, dsn: str, lakehouses: list[str]) -> dict[str, Any]:
+    """Snapshot, changes, a micro-batch and a Spark-prepared silver batch per lakehouse, on
+    the cluster; returns what Spark's REST API says about the application's executors."""
+    import dataclasses
+
+    import psycopg2
+
+    from pgcdc_dagster.capture.runner import run_bronze, run_silver
+    from pgcdc_dagster.capture.settings import CaptureSettings
+    from pgcdc_dagster.spark.session import build_session
+
+    spark = build_session(master, "pgcdc-cluster-test",
+                          {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port),
+                           "spark.executor.memory": "512m", "spark.executor.cores": "1"})
+    runs = [CaptureSettings(dsn=dsn, lakehouse=lake, include=(r"public\.items",),
+                            slot=f"cluster{i}", publication=f"cluster{i}",
+                            snapshot_chunk_bytes=16 << 10, silver_spark_threshold_rows=0)
+            for i, lake in enumerate(lakehouses)]
+    chunks = []
+    for settings in runs:
+        run = run_bronze(settings, spark, force_snapshot_step=True)
+        assert run.snapshot is not None
+        chunks.append(sum(t.chunks for t in run.snapshot.tables))
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(CHANGES)
+    conn.close()
+    for settings in runs:
+        run_bronze(dataclasses.replace(settings), spark, force_snapshot_step=False)
+        run_silver(settings, spark)
+    app = spark.sparkContext.applicationId
+    api = f"http://127.0.0.1:{ui_port}/api/v1/applications/{app}"
+    executors = get_json(f"{api}/allexecutors")
+    jobs = get_json(f"{api}/jobs")
+    spark.stop()
+    return {"chunks": chunks, "executors": [
+        {"id": e["id"], "hostPort": e["hostPort"], "totalTasks": e["totalTasks"]}
+        for e in executors],
+        "jobs": [{"name": j.get("description") or j["name"], "status": j["status"],
+                  "tasks": j["numCompletedTasks"]} for j in jobs]}
+
+
+if __name__ == "__main__":
+    master_url, port_text, source_dsn, *lakes = sys.argv[1:]
+    print("RESULT " + json.dumps(drive(master_url, int(port_text), source_dsn, lakes)))
