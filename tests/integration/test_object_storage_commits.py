@@ -94,3 +94,30 @@ def test_concurrent_commits_on_a_safe_store_never_overwrite(s3_lakehouse) -> Non
         sorted(i for i in range(writers) for _ in range(10))
     assert {f"w{i}": table.transaction_version(f"w{i}") for i in range(writers)} == \
         {f"w{i}": i + 1 for i in range(writers)}
+
+
+def test_resource_fields_reach_delta_rs_and_pyarrow(s3_server, monkeypatch) -> None:
+    """No AWS variable set: the lakehouse resource's fields alone reach the bucket."""
+    from resources import LakehouseResource
+
+    from pgcdc_dagster.capture.incremental_state import ProgressStore, TableProgress
+
+    bucket = f"fields-{uuid.uuid4().hex[:8]}"
+    s3_server.create_bucket(bucket)
+    for key in s3_server.env():
+        monkeypatch.delenv(key, raising=False)
+    commit_safety.forget_checks()
+    env = s3_server.env()
+    lake = LakehouseResource(root=f"s3://{bucket}/lh", access_key_id=env["AWS_ACCESS_KEY_ID"],
+                             secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                             region=env["AWS_REGION"], endpoint_url=s3_server.endpoint,
+                             allow_http=True)
+    uri = lake.table("bronze", "public", "t")  # registers the options for the root
+    append_arrow(uri, pa.table({"id": [1, 2]}), app_id="a", version=1)
+    assert open_table(uri).to_pyarrow_table().num_rows == 2
+    store = ProgressStore(lake.root, "slot")
+    store.save(TableProgress(snapshot_id="s", table="public.t", chunk_size=10))
+    assert [p.table for p in store.all()] == ["public.t"]
+    assert SECRET_KEY not in repr(lake.normalised()) and SECRET_KEY not in str(
+        store.load("public.t"))
+    commit_safety.forget_checks()
