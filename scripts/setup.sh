@@ -11,6 +11,11 @@ command -v openssl >/dev/null 2>&1 || packages+=("openssl")  # the SSL test clus
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || packages+=("postgresql-${PG_MAJOR}")
 compgen -G "/usr/share/postgresql/*/extension/postgis.control" >/dev/null \
   || packages+=("postgresql-${PG_MAJOR}-postgis-3")
+# The non-default logical decoding plugins (plugin.name = decoderbufs | wal2json).
+compgen -G "/usr/lib/postgresql/*/lib/decoderbufs.so" >/dev/null \
+  || packages+=("postgresql-${PG_MAJOR}-decoderbufs")
+compgen -G "/usr/lib/postgresql/*/lib/wal2json.so" >/dev/null \
+  || packages+=("postgresql-${PG_MAJOR}-wal2json")
 python3.11 -c 'import ensurepip, venv' >/dev/null 2>&1 || packages+=("python3-venv")
 
 if [ "${#packages[@]}" -gt 0 ]; then
