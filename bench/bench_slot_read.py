@@ -39,8 +39,12 @@ import pyarrow as pa
 from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, TableChanges, Window
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.pgoutput.options import choose_options
+from pgcdc_dagster.cdc.plugins import PLUGINS
 from pgcdc_dagster.postgres.local_cluster import LocalCluster
 from pgcdc_dagster.postgres.peek import build_peek_query, peek_window
+from pgcdc_dagster.postgres.plugin_peek import build_plugin_peek_query, peek_plugin_window
+
+PLUGIN = "pgoutput"
 
 BATCH = 100_000
 TABLE = ("CREATE TABLE src (id int PRIMARY KEY, name text, amount numeric(12,2), "
@@ -97,7 +101,7 @@ def window_to_arrow(window: Window) -> list[pa.Table]:
     return [segment_to_arrow(seg) for seg in window.segments()]
 
 
-def prepare(dsn: str, changes: int, varied: bool = False) -> Lsn:
+def prepare(dsn: str, changes: int, varied: bool = False, plugin: str = "pgoutput") -> Lsn:
     """Create the table, publication and slot, then write ``changes`` changes.
 
     ``varied``: value lengths change from row to row (text of 0-22 extra characters, amounts
@@ -108,7 +112,7 @@ def prepare(dsn: str, changes: int, varied: bool = False) -> Lsn:
     cur = conn.cursor()
     cur.execute(TABLE)
     cur.execute("CREATE PUBLICATION bench_pub FOR TABLE src")
-    cur.execute("SELECT pg_create_logical_replication_slot('bench_slot', 'pgoutput')")
+    cur.execute("SELECT pg_create_logical_replication_slot('bench_slot', %s)", (plugin,))
     inserts = changes // 2
     started = time.monotonic()
     for lo in range(1, inserts + 1, BATCH):
@@ -163,9 +167,16 @@ def raw_peek(conn, query, clock: Clock) -> tuple[tuple[float, float, float], Cou
     return _since(clock, start), sink
 
 
+def _peek(conn, upto: Lsn, **kw):
+    """Our window read with the benchmark's plugin (``--plugin``)."""
+    if PLUGIN == "pgoutput":
+        return peek_window(conn, "bench_slot", "bench_pub", upto, **kw)
+    return peek_plugin_window(conn, PLUGIN, "bench_slot", "bench_pub", upto, **kw)
+
+
 def ours(conn, upto: Lsn, clock: Clock):
     start = clock.now()
-    window = peek_window(conn, "bench_slot", "bench_pub", upto)
+    window = _peek(conn, upto)
     decoded = _since(clock, start)
     start = clock.now()
     tables = window_to_arrow(window)
@@ -176,7 +187,7 @@ def ours_in_portions(conn, upto: Lsn, clock: Clock, portion: int):
     """End to end with each portion turned into Arrow as soon as it is handed out."""
     tables: list[pa.Table] = []
     start = clock.now()
-    window = peek_window(conn, "bench_slot", "bench_pub", upto, portion_changes=portion,
+    window = _peek(conn, upto, portion_changes=portion,
                          on_portion=lambda part: tables.extend(window_to_arrow(part)))
     tables.extend(window_to_arrow(window))
     return _since(clock, start), window, tables
@@ -208,15 +219,20 @@ def main() -> None:
                         help="value lengths vary row to row (learnt layouts rarely apply)")
     parser.add_argument("--bronze", action="store_true",
                         help="also time typed bronze conversion (cdc.envelope)")
+    parser.add_argument("--plugin", default="pgoutput", choices=PLUGINS,
+                        help="plugin.name of the slot (raw peek is that plugin's own rate)")
     args = parser.parse_args()
+    global PLUGIN
+    PLUGIN = args.plugin
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-slot-"))
     cluster = LocalCluster(root / "pg").start()
     try:
-        upto = prepare(cluster.dsn, args.changes, args.varied)
+        upto = prepare(cluster.dsn, args.changes, args.varied, args.plugin)
         conn = psycopg2.connect(cluster.dsn)
         conn.autocommit = True
         options = choose_options(conn.server_version, ("bench_pub",))
-        query = build_peek_query("bench_slot", upto, options)
+        query = build_peek_query("bench_slot", upto, options) if PLUGIN == "pgoutput" \
+            else build_plugin_peek_query(PLUGIN, "bench_slot", upto)
         with conn.cursor() as cur:
             cur.execute("SELECT pg_backend_pid()")
             clock = Clock(cur.fetchone()[0])

@@ -32,6 +32,7 @@ _CAPTURE_ENV = {
     "tables": "PGCDC_TABLES",
     "slot": "PGCDC_SLOT",
     "publication": "PGCDC_PUBLICATION",
+    "plugin_name": "PGCDC_PLUGIN_NAME",
     "topic_prefix": "PGCDC_TOPIC_PREFIX",
     "snapshot_mode": "PGCDC_SNAPSHOT_MODE",
     "signal_data_collection": "PGCDC_SIGNAL_DATA_COLLECTION",

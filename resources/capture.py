@@ -11,6 +11,7 @@ from pgcdc_dagster.capture.settings import (
     CaptureSettings,
 )
 from pgcdc_dagster.cdc.column_options import ColumnOptions
+from pgcdc_dagster.cdc.plugins import check_plugin
 from pgcdc_dagster.cdc.typeconv import TypeModes
 from pgcdc_dagster.postgres.slot_lock import SlotLease, acquire
 
@@ -32,6 +33,11 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     slot: str = Field(default="pgcdc", description="slot.name (PGCDC_SLOT).")
     publication: str = Field(default="pgcdc",
                              description="publication.name (PGCDC_PUBLICATION).")
+    plugin_name: str = Field(
+        default="pgoutput",
+        description="plugin.name (PGCDC_PLUGIN_NAME): the logical decoding plugin of the slot, "
+        "pgoutput | decoderbufs | wal2json. decoderbufs and wal2json must be installed on "
+        "the server; see docs/plugins.md for what each cannot carry.")
     publication_autocreate_mode: str = Field(
         default="filtered",
         description="publication.autocreate.mode: filtered | all_tables | disabled.")
@@ -186,6 +192,7 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             dsn=dsn, lakehouse=lakehouse,
             include=split_list(self.tables), exclude=split_list(self.exclude_tables),
             slot=self.slot, publication=self.publication,
+            plugin_name=check_plugin(self.plugin_name),
             publication_autocreate=self.publication_autocreate_mode,
             topic_prefix=self.topic_prefix, modes=modes, snapshot_mode=self.snapshot_mode,
             window_max_bytes=self.window_max_bytes, max_windows=self.max_windows,

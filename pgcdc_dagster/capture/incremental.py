@@ -42,6 +42,7 @@ from pgcdc_dagster.cdc.dblog import (
 )
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.cdc.plugins import DECODERBUFS
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.postgres.chunks import (
@@ -372,7 +373,18 @@ def run_incremental(settings: CaptureSettings, *,
     streaming every captured table meanwhile; return per-table progress.
 
     Holds the slot's lock throughout (progress, watermarks, chunk reads, windows): another
-    reader gets SlotInUseError."""
+    reader gets SlotInUseError.
+
+    Raises:
+        ConfigurationError: ``plugin.name = decoderbufs``, which sends no logical decoding
+            message, so the chunk watermarks would never be read back.
+    """
+    if settings.plugin_name == DECODERBUFS:
+        raise ConfigurationError(
+            "incremental snapshots need the watermark messages (pg_logical_emit_message) in "
+            "the slot's stream, and plugin.name = decoderbufs does not send them; use "
+            "pgoutput or wal2json (PGCDC_PLUGIN_NAME) for a slot that runs incremental "
+            "snapshots, or re-snapshot with snapshot.mode = always")
     with slot_guard(settings.dsn, settings.slot):
         return _run_incremental(settings, only, progress, max_rounds)
 

@@ -30,6 +30,8 @@ class CaptureSettings:
     """``slot.name``."""
     publication: str = "pgcdc"
     """``publication.name``."""
+    plugin_name: str = "pgoutput"
+    """``plugin.name``: pgoutput | decoderbufs | wal2json (``cdc/plugins``)."""
     publication_autocreate: str = "filtered"
     """``publication.autocreate.mode``: filtered | all_tables | disabled."""
     topic_prefix: str = "pgcdc"

@@ -277,7 +277,8 @@ class _SnapshotRun:
         self.progress(f"snapshot ({self.mode}): {decision.reason}")
         if decision.slot_action == "create_plain":
             with connection(self.settings.dsn) as conn:
-                created_at = create_plain_slot(conn, self.settings.slot)
+                created_at = create_plain_slot(conn, self.settings.slot,
+                                               self.settings.plugin_name)
             return self._empty_only(decision, created_at, report)
         if decision.slot_action == "none":
             assert slot is not None and slot.confirmed_flush_lsn is not None
@@ -297,7 +298,8 @@ class _SnapshotRun:
                 drop_slot(conn, slot)
             self.progress(f"dropped the invalidated slot {slot!r}")
         if decision.slot_action in ("create", "recreate"):
-            with create_slot_with_snapshot(self.settings.dsn, slot) as exported:
+            with create_slot_with_snapshot(self.settings.dsn, slot,
+                                           self.settings.plugin_name) as exported:
                 self.progress(f"slot {slot!r} created at {exported.consistent_point}")
                 point = int(exported.consistent_point)
                 yield ExportedPoint(exported.name, point, exported.snapshot_name), point

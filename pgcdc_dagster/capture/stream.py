@@ -34,6 +34,7 @@ from pgcdc_dagster.capture.tables import TableContext, converters_for
 from pgcdc_dagster.cdc.changes import Relation, Window
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.cdc.plugins import PGOUTPUT
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import append_arrow, committed_version, open_table
@@ -41,6 +42,7 @@ from pgcdc_dagster.lake.paths import normalise_root
 from pgcdc_dagster.postgres.catalog import load_types
 from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.peek import peek_window
+from pgcdc_dagster.postgres.plugin_peek import peek_plugin_window
 from pgcdc_dagster.postgres.slot import (
     advance_slot,
     current_flush_lsn,
@@ -256,7 +258,7 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
     # One reader per slot: the slot's lock is held for the whole loop (the caller's, when it
     # holds it already) and checked again before each window is made durable.
     with slot_guard(settings.dsn, settings.slot) as lease, connection(settings.dsn) as conn:
-        info = require_usable_slot(conn, settings.slot)
+        info = require_usable_slot(conn, settings.slot, settings.plugin_name)
         assert info.confirmed_flush_lsn is not None
         if settings.publication_autocreate == "filtered":
             ensure_publication(conn, settings.publication, [c.relation for c in contexts])
@@ -296,9 +298,15 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                 # Portions: a huge transaction reaches bronze in bounded pieces while the
                 # COPY still streams. Not with a hook: it must see the whole window.
                 portion = settings.window_portion_changes if hook is None else 0
-                window = peek_window(conn, settings.slot, settings.publication, upto,
-                                     upto_nchanges=cap, portion_changes=portion or None,
-                                     on_portion=writer.add if portion else None)
+                if settings.plugin_name == PGOUTPUT:
+                    window = peek_window(conn, settings.slot, settings.publication, upto,
+                                         upto_nchanges=cap, portion_changes=portion or None,
+                                         on_portion=writer.add if portion else None)
+                else:  # decoderbufs / wal2json rows translated to pgoutput (cdc/plugins)
+                    window = peek_plugin_window(
+                        conn, settings.plugin_name, settings.slot, settings.publication, upto,
+                        upto_nchanges=cap, portion_changes=portion or None,
+                        on_portion=writer.add if portion else None)
                 crash_point("after_decode")
                 end = window_end(window, upto, cap)
                 if hook is not None:
@@ -318,7 +326,7 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
             writer.close()
             cache.close()
         report.end = position
-        final = require_usable_slot(conn, settings.slot)
+        final = require_usable_slot(conn, settings.slot, settings.plugin_name)
         report.slot_lag_bytes = final.lag_bytes
         report.slot_retained_bytes = final.retained_bytes
         report.wal_status = final.wal_status

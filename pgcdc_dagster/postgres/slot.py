@@ -72,8 +72,10 @@ def slot_info(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo | Non
     )
 
 
-def require_usable_slot(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo:
-    """Return the slot's state; raise when it is missing, lost, or read by someone else."""
+def require_usable_slot(conn: psycopg2.extensions.connection, slot: str,
+                        plugin: str = "pgoutput") -> SlotInfo:
+    """Return the slot's state; raise when it is missing, lost, of another plugin than
+    ``plugin`` (``plugin.name``), or read by someone else."""
     info = slot_info(conn, slot)
     if info is None:
         raise SlotLostError(
@@ -86,10 +88,11 @@ def require_usable_slot(conn: psycopg2.extensions.connection, slot: str) -> Slot
             "it needed was removed, so changes were lost. Drop the slot and run the "
             "initial_snapshot job again (a re-snapshot replaces silver)."
         )
-    if info.plugin != "pgoutput":
+    if info.plugin != plugin:
         raise ConfigurationError(
-            f"replication slot {slot!r} uses plugin {info.plugin!r}, not pgoutput; choose "
-            "another PGCDC_SLOT or drop that slot."
+            f"replication slot {slot!r} uses plugin {info.plugin!r}, not {plugin} "
+            "(plugin.name, PGCDC_PLUGIN_NAME); choose another PGCDC_SLOT, set the plugin the "
+            "slot was created with, or drop that slot."
         )
     if info.active:
         raise SlotInUseError(
@@ -120,8 +123,10 @@ def advance_slot(conn: psycopg2.extensions.connection, slot: str, lsn: Lsn) -> L
 
 
 @contextmanager
-def create_slot_with_snapshot(dsn: str, slot: str) -> Iterator[ExportedSlot]:
-    """Create a pgoutput slot with an exported snapshot; keep it valid until exit.
+def create_slot_with_snapshot(dsn: str, slot: str,
+                              plugin: str = "pgoutput") -> Iterator[ExportedSlot]:
+    """Create a logical slot of ``plugin`` (``plugin.name``) with an exported snapshot; keep
+    it valid until exit.
 
     The replication connection is held open (and idle) for the whole block: the exported
     snapshot can be imported with ``SET TRANSACTION SNAPSHOT`` only while it lives.
@@ -129,9 +134,10 @@ def create_slot_with_snapshot(dsn: str, slot: str) -> Iterator[ExportedSlot]:
     conn = connect(dsn, replication=True, application_name="pgcdc_dagster snapshot")
     try:
         with conn.cursor() as cur:
-            command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT")
+            command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} EXPORT_SNAPSHOT")
             try:
-                cur.execute(command.format(sql.Identifier(slot)).as_string(conn))
+                cur.execute(command.format(sql.Identifier(slot),
+                                           sql.Identifier(plugin)).as_string(conn))
             except psycopg2.errors.DuplicateObject:
                 raise ConfigurationError(
                     f"replication slot {slot!r} already exists; a consistent initial snapshot "

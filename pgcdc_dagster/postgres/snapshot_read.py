@@ -624,11 +624,13 @@ def _wait_slot_dropped(dsn: str, slot: str, timeout_s: float = 10.0) -> None:
         return
 
 
-def create_plain_slot(conn: psycopg2.extensions.connection, slot: str) -> int:
-    """Create a pgoutput slot without a snapshot (``no_data``); return its consistent point."""
+def create_plain_slot(conn: psycopg2.extensions.connection, slot: str,
+                      plugin: str = "pgoutput") -> int:
+    """Create a logical slot of ``plugin`` without a snapshot (``no_data``); return its
+    consistent point."""
     with conn.cursor() as cur:
-        cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
-                    (slot,))
+        cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)",
+                    (slot, plugin))
         return int(Lsn.parse(cur.fetchone()[0]))
 
 

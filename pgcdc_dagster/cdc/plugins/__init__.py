@@ -1,0 +1,35 @@
+"""Logical decoding plugins other than pgoutput (``plugin.name``, CFG-24, STR-32..35).
+
+``decoderbufs`` (Protobuf rows) and ``wal2json`` (JSON, format version 2) are read through the
+same bounded peek windows as pgoutput (``postgres/plugin_peek.py``). Their rows are translated
+into pgoutput protocol-1 messages (:mod:`.pgwire`), which the pgoutput assembler and window
+writer consume unchanged, so bronze and silver are built by exactly the same code for every
+plugin; only what a plugin cannot carry differs (``docs/plugins.md``).
+
+Pure: no I/O. The table descriptions (:class:`~.pgwire.TableInfo`) come from the catalog,
+read by the caller before the window.
+"""
+
+from __future__ import annotations
+
+from pgcdc_dagster.exceptions import ConfigurationError
+
+PGOUTPUT = "pgoutput"
+DECODERBUFS = "decoderbufs"
+WAL2JSON = "wal2json"
+PLUGINS = (PGOUTPUT, DECODERBUFS, WAL2JSON)
+"""``plugin.name`` values this project reads (Debezium's, without the wal2json RDS and
+streaming variants)."""
+
+
+def check_plugin(name: str) -> str:
+    """``name`` if it is a supported ``plugin.name``.
+
+    Raises:
+        ConfigurationError: any other name, naming the supported ones.
+    """
+    if name not in PLUGINS:
+        raise ConfigurationError(
+            f"plugin.name = {name!r} is not supported; use one of {', '.join(PLUGINS)} "
+            "(PGCDC_PLUGIN_NAME)")
+    return name
