@@ -15,9 +15,9 @@ any work (issue 16). The op instead reports, at run time:
 * one observation of ``source/replication_slot`` with the run's LSN range, whatever it
   changed: the LSN-window check chains the runs from it.
 
-A table's silver also catches up when its last bronze materialization is newer than its last
-silver one (bronze materialized alone), and every table's silver catches up after a capture
-run that did not succeed (a crash between a bronze commit and the silver MERGE).
+Every table's silver catches up once when the run before did not leave every silver caught up
+(it failed, or it was an asset-job, UI or incremental-snapshot run): see
+:func:`_silver_may_lag`.
 """
 
 # No ``from __future__ import annotations`` here: Dagster reads the config and resource
@@ -43,9 +43,8 @@ from assets.capture import (
 from assets.checks import CAPTURE_RUN, light_check_results
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
-from assets.slot_hold import hold_slot_for_run
+from assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
-from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.ops.delta_stats import TableStats, table_stats
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import slot_health
@@ -55,32 +54,27 @@ from resources import CaptureResource, LakehouseResource, PostgresResource, Spar
 CAPTURE_OP = "capture"
 BRONZE_WRITING_JOBS = ("cdc_microbatch", "initial_snapshot", "incremental_snapshot",
                        "capture_assets")
-"""Jobs whose failure may leave a silver behind its bronze (``pgcdc/job`` tag values)."""
+"""Jobs that write bronze (``pgcdc/job`` tag values; UI materializations carry the slot-lock
+tag instead)."""
+LEAN_JOBS = ("cdc_microbatch", "initial_snapshot")
+"""The jobs of the capture op: they leave every silver caught up when they succeed."""
+_RECENT_RUNS = 50
 
 
-def _last_run_failed(instance: dg.DagsterInstance, run_id: str) -> bool:
-    """True when the capture run before this one did not succeed (or there is none)."""
-    runs = instance.get_runs(dg.RunsFilter(tags={"pgcdc/job": list(BRONZE_WRITING_JOBS)}),
-                             limit=2)
-    earlier = [r for r in runs if r.run_id != run_id]
-    return not earlier or earlier[0].status != dg.DagsterRunStatus.SUCCESS
-
-
-def _silver_behind(instance: dg.DagsterInstance,
-                   contexts: Sequence[TableContext]) -> list[TableContext]:
-    """Tables whose last bronze materialization is newer than their last silver one (two
-    reads of the asset index, whatever the table count)."""
-    bronze = instance.get_latest_materialization_events(
-        [bronze_key(*c.relation.qualified) for c in contexts])
-    silver = instance.get_latest_materialization_events(
-        [silver_key(*c.relation.qualified) for c in contexts])
-    behind = []
-    for ctx in contexts:
-        b = bronze.get(bronze_key(*ctx.relation.qualified))
-        s = silver.get(silver_key(*ctx.relation.qualified))
-        if b is not None and (s is None or s.timestamp < b.timestamp):
-            behind.append(ctx)
-    return behind
+def _silver_may_lag(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """True unless the last run before this one that wrote bronze was a lean capture run that
+    succeeded: after a failed run (a crash between a bronze commit and the silver MERGE), an
+    asset-job or UI materialization (bronze possibly without silver) or an incremental
+    snapshot (which catches up only its own tables' silver), every silver catches up once.
+    A few run records are read, whatever the table count."""
+    for run in instance.get_runs(limit=_RECENT_RUNS):
+        if run.run_id == run_id:
+            continue
+        if run.tags.get(SLOT_LOCK_TAG) is None and \
+                run.tags.get("pgcdc/job") not in BRONZE_WRITING_JOBS:
+            continue  # checks, maintenance, signals: no bronze written
+        return not (run.job_name in LEAN_JOBS and run.status == dg.DagsterRunStatus.SUCCESS)
+    return True  # none recent: be safe
 
 
 def _before(instance: dg.DagsterInstance, key: dg.AssetKey, uri: str) -> TableStats:
@@ -126,7 +120,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         instance = context.instance
         cap = capture.settings(postgres.dsn, lakehouse.root)
         ensure_partitions(instance, captured)  # incremental-snapshot backfills
-        sweep = _last_run_failed(instance, context.run_id)
+        sweep = _silver_may_lag(instance, context.run_id)
         handle = spark.lazy()
         started = time.monotonic()
         run = run_bronze(cap, handle, force_snapshot_step=config.snapshot_step,
@@ -159,8 +153,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                 meta_table_metadata(run.stream, meta_name, uri, _before(instance, key, uri),
                                     seconds))))
         names = {c.name for c in changed}
-        extra = run.contexts if sweep else _silver_behind(instance, run.contexts)
-        silver_of = changed + [c for c in extra if c.name not in names]
+        silver_of = changed + [c for c in run.contexts if sweep and c.name not in names]
         if silver_of:
             context.log.info(f"silver of {len(silver_of)} tables "
                              f"({len(changed)} changed by this run)")
