@@ -41,6 +41,8 @@ _CAPTURE_INT_ENV = {
     "incremental_snapshot_chunk_size": "PGCDC_INCREMENTAL_CHUNK_SIZE",
     "tombstone_retention_hours": "PGCDC_TOMBSTONE_RETENTION_HOURS",
     "incremental_statement_timeout_ms": "PGCDC_INCREMENTAL_STATEMENT_TIMEOUT_MS",
+    "vacuum_retention_hours": "PGCDC_VACUUM_RETENTION_HOURS",
+    "target_file_bytes": "PGCDC_TARGET_FILE_BYTES",
 }
 
 

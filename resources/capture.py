@@ -140,6 +140,18 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         "after the delete committed (PGCDC_TOMBSTONE_RETENTION_HOURS); the silver_maintenance "
         "job purges older ones. Replays happen only around a crash, so days are plenty.")
 
+    vacuum_retention_hours: int = Field(
+        default=168,
+        description="The silver_maintenance job's vacuum deletes data files that commits "
+        "removed more than this many hours ago (PGCDC_VACUUM_RETENTION_HOURS; default one "
+        "week). Time travel (DeltaTable(uri, version=v), VERSION AS OF) works back to versions "
+        "whose files were all removed within it.")
+    target_file_bytes: int = Field(
+        default=1 << 20,
+        description="Target size in bytes of the silver and bronze data files that merges and "
+        "compaction write (PGCDC_TARGET_FILE_BYTES; default 1 MiB). A change to k random "
+        "keys rewrites about k files: smaller files rewrite less, larger ones open faster.")
+
     incremental_snapshot_chunk_size: int = Field(
         default=DEFAULT_INCREMENTAL_CHUNK_SIZE,
         description="incremental.snapshot.chunk.size (PGCDC_INCREMENTAL_CHUNK_SIZE): rows per "
@@ -214,6 +226,7 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             incremental_chunk_size=self.incremental_snapshot_chunk_size,
             signal_data_collection=self.signal_data_collection,
             incremental_statement_timeout_ms=self.incremental_statement_timeout_ms,
+            target_file_bytes=self.target_file_bytes,
         )
 
     def column_options(self) -> tuple[tuple[str, str], ...]:

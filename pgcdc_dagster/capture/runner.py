@@ -176,7 +176,7 @@ def apply_silver_tables(contexts: Sequence[TableContext], spark: SparkLike,
     """:func:`apply_silver` for each context, ``SILVER_THREADS`` at a time (in order)."""
 
     def one(ctx: TableContext) -> SilverReport:
-        report = apply_silver(ctx, spark, threshold)
+        report = apply_silver(ctx, spark, threshold, settings.target_file_bytes)
         crash_point("after_silver_merge")
         return report
 

@@ -52,6 +52,9 @@ class CaptureSettings:
     silver_spark_threshold_rows: int = 2_000_000
     """Bronze rows of a silver batch above which Spark prepares it; smaller batches are
     prepared in Arrow on the driver, where Spark's fixed cost per job would dominate."""
+    target_file_bytes: int = 1 << 20
+    """Target size of the data files silver merges and upkeep's compaction write
+    (``lake/data_files.py``)."""
     max_windows: int = 1000
     """Windows one micro-batch run may read before it returns."""
     time_budget_s: float = 600.0

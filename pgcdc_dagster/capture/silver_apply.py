@@ -15,6 +15,7 @@ import pyarrow as pa
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.silver_batch import INPUT_COLUMNS, prepare_arrow
 from pgcdc_dagster.lake.bronze_read import count_rows, read_files
+from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
 from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files
 from pgcdc_dagster.lake.silver import merge_batch, silver_from_images
 from pgcdc_dagster.lake.silver_lookup import resolve_lookups
@@ -43,11 +44,13 @@ where Spark's fixed cost per job (seconds on local[2]) would dominate."""
 
 
 def apply_silver(ctx: TableContext, spark: SparkLike,
-                 spark_threshold_rows: int = SPARK_THRESHOLD_ROWS) -> SilverReport:
+                 spark_threshold_rows: int = SPARK_THRESHOLD_ROWS,
+                 target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES) -> SilverReport:
     """Bring the table's silver up to its bronze's current version.
 
     ``spark`` (a session, or a :class:`LazySpark` handle that starts only now) prepares the
-    batch only when it has more than ``spark_threshold_rows`` rows.
+    batch only when it has more than ``spark_threshold_rows`` rows; silver's new files aim
+    at ``target_file_bytes``.
     """
     started = time.monotonic()
     # A table that joined the capture after the initial snapshot has an empty bronze until
@@ -93,7 +96,8 @@ def apply_silver(ctx: TableContext, spark: SparkLike,
     counts = merge_batch(ctx.silver_uri, silver_rows, ctx.silver_names(unchanged),
                          relation=ctx.relation, toastable=ctx.silver_toastable,
                          app_id=ctx.silver_app_id, version=target,
-                         truncate_seq=batch.truncate_seq, metadata=meta)
+                         truncate_seq=batch.truncate_seq, metadata=meta,
+                         target_file_bytes=target_file_bytes)
     return SilverReport(ctx.name, applied, target, batch.events, rows.num_rows, counts,
                         ensure_table(ctx.silver_uri, ctx.silver_schema).version(),
                         time.monotonic() - started)

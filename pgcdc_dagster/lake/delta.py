@@ -174,9 +174,18 @@ def file_paths(uri: str, version: int) -> set[str]:
     return {unquote(f) for f in files}
 
 
+COMPACTED_PREFIX = "compact-"
+"""Name prefix of the files compaction writes (``lake/upkeep.py``)."""
+
+
 def new_files(uri: str, since_version: int | None, until_version: int) -> list[str]:
-    """Files added to an append-only table after ``since_version`` up to ``until_version``."""
+    """Files added to an append-only table after ``since_version`` up to ``until_version``.
+
+    Files compaction wrote hold only events of files that were there at ``since_version``
+    (bronze is compacted only among the files silver has applied), so they are not new.
+    """
     now = file_paths(uri, until_version)
     if since_version is None or since_version < 0:
         return sorted(now)
-    return sorted(now - file_paths(uri, since_version))
+    return sorted(f for f in now - file_paths(uri, since_version)
+                  if not os.path.basename(f).startswith(COMPACTED_PREFIX))

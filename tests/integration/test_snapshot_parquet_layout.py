@@ -36,7 +36,9 @@ from deltalake import DeltaTable, QueryBuilder
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_contexts
-from pgcdc_dagster.capture.snapshot_convert import _leaf_arrays, _wide, parquet_columns
+from pgcdc_dagster.lake.parquet_layout import leaf_arrays as _leaf_arrays
+from pgcdc_dagster.lake.parquet_layout import parquet_columns
+from pgcdc_dagster.lake.parquet_layout import wide as _wide
 from pgcdc_dagster.spark.silver_batch import prepare
 from tests.support.compare import assert_silver_equals_source, source_rows
 

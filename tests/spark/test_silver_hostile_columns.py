@@ -17,7 +17,7 @@ from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Column, Relation, Window
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.quoting import spark_path, sql_ident, sql_literal
 from pgcdc_dagster.lake.delta import ensure_table
-from pgcdc_dagster.lake.silver import live_rows, merge_updates
+from pgcdc_dagster.lake.silver import live_rows
 from tests.support.segments import IDENT, SegmentBuilder, text_context
 
 pytestmark = pytest.mark.spark
@@ -44,10 +44,6 @@ def test_quoting_helpers_escape_their_quote() -> None:
     assert sql_ident('a"b') == '"a""b"'
     assert sql_literal("it's") == "'it''s'"
     assert spark_path("image", "a`b.c") == "`image`.`a``b.c`"
-    updates = merge_updates(["x') OR ('1"], ["x') OR ('1"])
-    assert updates == {'"x\') OR (\'1"': "CASE WHEN array_has(s.\"__toast_unchanged\", "
-                                          "'x'') OR (''1') THEN t.\"x') OR ('1\" "
-                                          "ELSE s.\"x') OR ('1\" END"}
 
 
 def test_hostile_column_names_converge(spark, lakehouse, engine) -> None:

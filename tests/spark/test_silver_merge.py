@@ -13,8 +13,10 @@ from pgcdc_dagster.capture.silver_apply import apply_silver
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Column, Relation, TableChanges, Window
 from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.lake.data_files import read_file, stored_files
 from pgcdc_dagster.lake.delta import ensure_table
 from pgcdc_dagster.lake.silver import live_rows
+from tests.support.delta_log import last_commit_files
 from tests.support.segments import IDENT, SegmentBuilder, text_context
 
 pytestmark = pytest.mark.spark
@@ -156,36 +158,55 @@ def test_key_change_with_unchanged_toast_takes_the_old_keys_value(spark, lakehou
     assert len(warned) == 1 and "'id': 100" in warned[0] and "body" in warned[0]
 
 
-def _last_operation(lakehouse) -> str:
-    return str(DeltaTable(_ctx(lakehouse).silver_uri).history(1)[0]["operation"])
+def _last_commit(lakehouse) -> tuple[set[str], set[str]]:
+    """Paths the silver table's last commit removed and added (its Delta log entry)."""
+    return last_commit_files(_ctx(lakehouse).silver_uri)
 
 
-def test_batches_of_new_keys_are_appended_others_merged(spark, lakehouse, engine) -> None:
-    """A batch whose keys no stored row can hold (file statistics) is appended rather than
-    merged; as soon as a key may exist (a live row or a tombstone), the MERGE decides, so
-    sequence order and tombstones keep their meaning (design.md §3 decision 4)."""
+def _files_holding(lakehouse, keys: set[int]) -> set[str]:
+    uri = _ctx(lakehouse).silver_uri
+    return {f.path for f in stored_files(DeltaTable(uri), "id")
+            if keys & set(read_file(uri, f.path, pa.schema([("id", pa.int32())]))["id"]
+                          .to_pylist())}
+
+
+def test_batches_rewrite_only_the_files_holding_their_keys(spark, lakehouse, engine) -> None:
+    """A batch of new keys only adds files; a batch that changes stored keys (a live row, a
+    tombstone) removes exactly the files holding them, and the sequence order and the
+    tombstones keep their meaning (design.md §3 decision 4)."""
     b = Seg()
     b.add("c", after=(b"1", b"one", b"b1")).add("c", after=(b"2", b"two", b"b2"))
     _write(lakehouse, b.seg, 2000)
     apply_silver(_ctx(lakehouse), spark, engine)
-    assert _last_operation(lakehouse) != "MERGE"
+    assert _last_commit(lakehouse)[0] == set()
     b2 = Seg()
     b2.lsn = 3000
     b2.add("c", after=(b"10", b"ten", b"b10")).add("d", before=(b"10", None, None), key_only=True)
     b2.add("c", after=(b"11", b"eleven", b"b11"))
     _write(lakehouse, b2.seg, 4000)
     apply_silver(_ctx(lakehouse), spark, engine)
-    assert _last_operation(lakehouse) != "MERGE"  # 10 and 11 are new: a tombstone of 10 added
+    removed, added = _last_commit(lakehouse)
+    assert removed == set() and len(added) == 1  # 10 and 11 are new: a tombstone of 10 added
+    b2b = Seg()
+    b2b.lsn = 4100
+    b2b.add("c", after=(b"100", b"hundred", b"b100"))
+    _write(lakehouse, b2b.seg, 4200)
+    apply_silver(_ctx(lakehouse), spark, engine)
+    holding = _files_holding(lakehouse, {2, 10})
+    untouched = {f.path for f in stored_files(DeltaTable(_ctx(lakehouse).silver_uri), "id")
+                 } - holding
+    assert len(holding) == 2 and len(untouched) == 1  # 2 (with 1), 10 (with 11); not 100
     b3 = Seg()
     b3.lsn = 5000
     b3.add("c", after=(b"10", b"ten again", b"b10 again"))  # only its tombstone is stored
     b3.add("u", after=(b"2", b"two v2", UNCHANGED_TOAST))
     _write(lakehouse, b3.seg, 6000)
     apply_silver(_ctx(lakehouse), spark, engine)
-    assert _last_operation(lakehouse) == "MERGE"
+    removed, added = _last_commit(lakehouse)
+    assert removed == holding and len(added) == 2
     silver = _silver(lakehouse)
     assert {i: (r["title"], r["body"]) for i, r in silver.items()} == {
         1: ("one", "b1"), 2: ("two v2", "b2"), 10: ("ten again", "b10 again"),
-        11: ("eleven", "b11")}
+        11: ("eleven", "b11"), 100: ("hundred", "b100")}
     rows = DeltaTable(_ctx(lakehouse).silver_uri).to_pyarrow_table()
-    assert rows.num_rows == 4  # one row per key: the tombstone of 10 was updated, not doubled
+    assert rows.num_rows == 5  # one row per key: the tombstone of 10 was updated, not doubled
