@@ -74,7 +74,8 @@ def stored_files(table: DeltaTable, key: str | None) -> list[StoredFile]:
 
 def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     if "://" in uri:
-        return pafs.FileSystem.from_uri(uri)
+        fs, base = pafs.FileSystem.from_uri(uri)
+        return fs, str(base)
     return pafs.LocalFileSystem(), uri
 
 
