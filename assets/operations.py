@@ -1,5 +1,6 @@
 """Operations: the ``teardown`` job that drops the slot and publication, after confirmation,
-and the ``silver_maintenance`` job that applies the tombstone retention.
+and the ``silver_maintenance`` job that applies the tombstone retention and keeps the Delta
+tables compact (compaction, vacuum, checkpoints).
 
 Run teardown with ``ops: {drop_slot_and_publication: {config: {confirm: "<slot name>"}}}``.
 It never touches the lakehouse: bronze keeps the history and silver the last state. Capture
@@ -22,6 +23,7 @@ from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.tombstones import purge_tombstones
 from pgcdc_dagster.names import display_name
 from pgcdc_dagster.ops.teardown import check_confirmation, teardown
+from pgcdc_dagster.ops.upkeep import upkeep_table
 from resources import CaptureResource, LakehouseResource, PostgresResource
 
 
@@ -74,13 +76,14 @@ MAINTENANCE = "silver_maintenance"
 
 
 def build_maintenance_job(tables: Sequence[tuple[str, str]]) -> dg.JobDefinition:
-    """The silver_maintenance job: purge each captured table's expired silver tombstones.
+    """The silver_maintenance job: purge each captured table's expired silver tombstones,
+    then compact, vacuum and checkpoint its bronze and silver (``ops/upkeep.py``).
 
     It does not touch the slot, so it is not in the slot's pool (tests/dagster/test_pool.py);
     a silver merge committing at the same moment makes one of the two Delta commits fail
     with a conflict, and a rerun of the failed one is safe (neither is half-applied).
     """
-    @dg.op(tags={"pgcdc/operation": "tombstone_purge"},
+    @dg.op(tags={"pgcdc/operation": "tombstone_purge"}, out=dg.Out(dg.Nothing),
            description="Delete silver tombstones (__deleted rows) whose delete committed more "
            "than tombstone_retention_hours ago.")
     def purge_silver_tombstones(context: dg.OpExecutionContext, postgres: PostgresResource,
@@ -106,11 +109,58 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]]) -> dg.JobDefinition
                 metadata={"tombstones_purged": purged, "retention_hours": hours}))
         context.log.info(f"{total} tombstones purged in {len(tables)} silver tables")
 
+    @dg.op(tags={"pgcdc/operation": "upkeep"}, ins={"after_purge": dg.In(dg.Nothing)},
+           description="Compact bronze and silver data files to target_file_bytes (silver "
+           "kept clustered by key), vacuum files removed more than vacuum_retention_hours "
+           "ago, and checkpoint the Delta logs. Safe while micro-batches run.")
+    def compact_vacuum_checkpoint(context: dg.OpExecutionContext, postgres: PostgresResource,
+                                  lakehouse: LakehouseResource,
+                                  capture: CaptureResource) -> None:
+        settings = capture.settings(postgres.dsn, lakehouse.root)
+        if capture.vacuum_retention_hours < 1 or capture.target_file_bytes < 1024:
+            raise dg.Failure(
+                description=f"vacuum_retention_hours = {capture.vacuum_retention_hours}, "
+                f"target_file_bytes = {capture.target_file_bytes}: use at least 1 hour (files "
+                "of running micro-batches must outlive it) and 1024 bytes",
+                allow_retries=False)
+        rewritten = 0
+        for schema, table in tables:
+            for layer in upkeep_table(lakehouse.root, schema, table,
+                                      app_prefix=settings.app_prefix,
+                                      target_bytes=capture.target_file_bytes,
+                                      retention_hours=capture.vacuum_retention_hours):
+                done = layer.compaction
+                rewritten += done.bytes_added
+                if done.conflicts:
+                    context.log.info(f"{layer.layer} {schema}.{table}: {done.conflicts} "
+                                     "compaction groups lost a commit race with a "
+                                     "micro-batch; they are retried next run")
+                last = layer.last_compaction_ms
+                context.log_event(dg.AssetObservation(
+                    asset_key=dg.AssetKey([layer.layer, schema, table]),
+                    metadata={
+                        "files": layer.files,
+                        "bytes": layer.bytes,
+                        "live_rows": layer.live_rows,
+                        "bytes_rewritten": done.bytes_added,
+                        "files_compacted": done.files_removed,
+                        "files_written": done.files_added,
+                        "compaction_conflicts": done.conflicts,
+                        "vacuumed_files": layer.vacuumed_files,
+                        "checkpoint_version": layer.checkpoint_version or 0,
+                        "last_compaction": dg.MetadataValue.timestamp(last / 1000)
+                        if last is not None else "never",
+                        **({"note": layer.note} if layer.note else {}),
+                    }))
+        context.log.info(f"upkeep of {len(tables)} tables: {rewritten} bytes rewritten")
+
     @dg.job(name=MAINTENANCE, executor_def=dg.in_process_executor,
             tags={"pgcdc/job": MAINTENANCE},
-            description="Apply the tombstone retention to every silver table (delete rows "
-            "whose __deleted tombstone is older than tombstone_retention_hours).")
+            description="Upkeep of every captured table: apply the tombstone retention "
+            "(delete silver rows whose __deleted tombstone is older than "
+            "tombstone_retention_hours), then compact bronze and silver, vacuum and "
+            "checkpoint their logs.")
     def silver_maintenance() -> None:
-        purge_silver_tombstones()
+        compact_vacuum_checkpoint(purge_silver_tombstones())
 
     return silver_maintenance

@@ -64,10 +64,11 @@ def build_schedules(jobs: CaptureJobs,
 
 def build_maintenance_schedule(job: dg.JobDefinition,
                                settings: MonitorSettings) -> dg.ScheduleDefinition:
-    """The silver_maintenance schedule (tombstone retention), created stopped."""
+    """The silver_maintenance schedule (tombstone retention, upkeep), created stopped."""
     cron = _cron(settings.maintenance_cron, ENV["maintenance_cron"])
     return dg.ScheduleDefinition(
         name=MAINTENANCE_SCHEDULE, job=job, cron_schedule=cron,
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description=f"Run silver_maintenance on '{cron}' ({ENV['maintenance_cron']}): purge "
-        "silver tombstones older than tombstone_retention_hours.")
+        "silver tombstones older than tombstone_retention_hours, compact bronze and silver, "
+        "vacuum and checkpoint.")

@@ -43,7 +43,7 @@ from pgcdc_dagster.lake.data_files import (
     stored_files,
     write_clustered,
 )
-from pgcdc_dagster.lake.delta import COMPACTED_PREFIX, DataFile, open_table
+from pgcdc_dagster.lake.delta import COMPACTED_PREFIX, DataFile, committed_version, open_table
 
 COMPACT_PREFIX = COMPACTED_PREFIX.rstrip("-")
 SMALL_FRACTION = 0.5
@@ -186,3 +186,26 @@ def files_at(uri: str, version: int | None) -> set[str]:
         return set()
     table = DeltaTable(uri, version=version)
     return set(pa.table(table.get_add_actions(flatten=True))["path"].to_pylist())
+
+
+def compact_bronze(bronze_uri: str, silver_uri: str, silver_app_id: str, target_bytes: int,
+                   *, now_ms: int | None = None) -> CompactionResult:
+    """Compact bronze among the files silver has applied (module docstring), in commit
+    order; nothing before silver has applied anything."""
+    applied = committed_version(open_table(silver_uri), silver_app_id)
+    if applied is None or open_table(bronze_uri) is None:
+        return CompactionResult()
+    return compact(bronze_uri, BRONZE_ORDER, target_bytes, eligible=files_at(bronze_uri, applied),
+                   repair_overlaps=False, now_ms=now_ms)
+
+
+def last_compaction_ms(uri: str, limit: int = 200) -> int | None:
+    """Commit time (epoch ms) of the table's latest compaction among its last ``limit``
+    commits."""
+    table = open_table(uri)
+    if table is None:
+        return None
+    for entry in table.history(limit):
+        if entry.get("pgcdc.kind") == "compaction":
+            return int(entry["timestamp"])
+    return None
