@@ -44,6 +44,8 @@ NOT_SLOT_OPS = {
     "source__replication_slot_slot_healthy": "reads pg_replication_slots / pg_stat_* views",
     "apply_incremental_signal": "records a signal in the lakehouse progress store",
     "purge_silver_tombstones": "deletes expired tombstones from silver Delta tables",
+    "compact_vacuum_checkpoint": "compacts, vacuums and checkpoints Delta tables; races with "
+    "micro-batches are settled by Delta commit conflicts (tests/integration/test_upkeep_race.py)",
 }
 
 SLOT_ENTRY_POINTS = {

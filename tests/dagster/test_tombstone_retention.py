@@ -36,11 +36,20 @@ def tombstones(uri: str) -> int:
     return int(pc.sum(data.column("__deleted")).as_py() or 0)
 
 
+def observations(result: dg.ExecuteInProcessResult, name: str) -> dict[str, object]:
+    """Metadata value ``name`` of each asset observation that has it, by asset path."""
+    out = {}
+    for event in result.all_events:
+        if event.event_type_value != "ASSET_OBSERVATION":
+            continue
+        observation = event.event_specific_data.asset_observation
+        if name in observation.metadata:
+            out["/".join(observation.asset_key.path)] = observation.metadata[name].value
+    return out
+
+
 def purged(result: dg.ExecuteInProcessResult) -> int:
-    values = [event.event_specific_data.asset_observation.metadata["tombstones_purged"].value
-              for event in result.all_events
-              if event.event_type_value == "ASSET_OBSERVATION"]
-    return int(sum(values))
+    return int(sum(observations(result, "tombstones_purged").values()))  # type: ignore[arg-type]
 
 
 def test_maintenance_purges_only_expired_tombstones(pg_dsn, pg_conn, spark,
@@ -60,11 +69,24 @@ def test_maintenance_purges_only_expired_tombstones(pg_dsn, pg_conn, spark,
     assert applied is not None
     assert tombstones(uri) == 30
 
-    # Deletes of a moment ago are younger than a week: nothing is purged, nothing committed.
+    # Deletes of a moment ago are younger than a week: nothing is purged. Upkeep compacts
+    # bronze's two small files (snapshot, stream) that silver has applied, and reports.
     version = DeltaTable(uri).version()
+    bronze_uri = table_uri(str(lakehouse), "bronze", "public", "items")
+    bronze_offset = committed_version(DeltaTable(bronze_uri), f"pgcdc:{SLOT}:bronze:public.items")
     result = keep.resolve_job_def("silver_maintenance").execute_in_process()
     assert result.success and purged(result) == 0
-    assert DeltaTable(uri).version() == version and tombstones(uri) == 30
+    assert tombstones(uri) == 30
+    assert not [h for h in DeltaTable(uri).history(DeltaTable(uri).version() - version)
+                if h.get("pgcdc.kind") == "tombstone_purge"]
+    assert observations(result, "live_rows") == {"bronze/public/items": 140,
+                                                 "silver/public/items": 70}
+    assert observations(result, "files_compacted")["bronze/public/items"] == 2
+    assert observations(result, "files")["bronze/public/items"] == 1
+    assert set(observations(result, "last_compaction")) == {"bronze/public/items",
+                                                            "silver/public/items"}
+    assert committed_version(DeltaTable(bronze_uri),
+                             f"pgcdc:{SLOT}:bronze:public.items") == bronze_offset
 
     # Retention 0: every tombstone is expired; live rows stay, the capture's offset too.
     purge = build(pg_dsn, lakehouse, hours=0)
@@ -75,7 +97,8 @@ def test_maintenance_purges_only_expired_tombstones(pg_dsn, pg_conn, spark,
     assert committed_version(DeltaTable(uri), app_id) == applied
     assert_silver_equals_source(pg_conn, uri, "public", "items", ["id"])
 
-    # Capture continues over the purged table: a deleted key can come back, others change.
+    # Capture continues over the purged, compacted tables: a deleted key can come back,
+    # others change, and no compacted bronze event is applied again (key 1..30 would return).
     with pg_conn.cursor() as cur:
         cur.execute("INSERT INTO items VALUES (5, 'back')")
         cur.execute("DELETE FROM items WHERE id = 50")
