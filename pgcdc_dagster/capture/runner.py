@@ -21,6 +21,7 @@ from pgcdc_dagster.capture.snapshot_modes import SNAPSHOT_MODES, normalise_mode
 from pgcdc_dagster.capture.stream import StreamReport, run_windows, stale_tables
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
+from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import SkippedTable, current_database
 from pgcdc_dagster.postgres.privileges import explains_privileges
@@ -168,15 +169,17 @@ def run_silver(settings: CaptureSettings, spark: SparkLike,
     delta-rs's MERGE release the GIL. Reports come back in the contexts' order.
     """
     return apply_silver_tables(select_contexts(settings, only), spark,
-                               settings.silver_spark_threshold_rows)
+                               settings.silver_spark_threshold_rows, settings.target_file_bytes)
 
 
 def apply_silver_tables(contexts: Sequence[TableContext], spark: SparkLike,
-                        threshold: int) -> list[SilverReport]:
+                        threshold: int,
+                        target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
+                        ) -> list[SilverReport]:
     """:func:`apply_silver` for each context, ``SILVER_THREADS`` at a time (in order)."""
 
     def one(ctx: TableContext) -> SilverReport:
-        report = apply_silver(ctx, spark, threshold, settings.target_file_bytes)
+        report = apply_silver(ctx, spark, threshold, target_file_bytes)
         crash_point("after_silver_merge")
         return report
 

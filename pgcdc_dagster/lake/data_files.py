@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -32,6 +31,7 @@ from pgcdc_dagster.lake.parquet_layout import (
     FileLayout,
     flat_stats,
 )
+from pgcdc_dagster.lake.storage import filesystem
 
 DEFAULT_TARGET_FILE_BYTES = 1 << 20
 """Target size of a silver data file (1 MiB). Copy-on-write rewrites whole files, so the
@@ -72,13 +72,6 @@ def stored_files(table: DeltaTable, key: str | None) -> list[StoredFile]:
             for p, s, n, lo, hi in zip(paths, sizes, rows, low, high, strict=True)]
 
 
-def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in uri:
-        fs, base = pafs.FileSystem.from_uri(uri)
-        return fs, str(base)
-    return pafs.LocalFileSystem(), uri
-
-
 def bytes_per_row(files: Sequence[StoredFile]) -> float:
     """The table's average stored bytes per row (a fallback for a table without rows)."""
     rows = sum(f.rows for f in files if f.rows > 0)
@@ -94,7 +87,7 @@ def read_file(uri: str, path: str, schema: pa.Schema,
               columns: Sequence[str] | None = None) -> pa.Table:
     """One data file read with the table's schema (columns added after it was written are
     null; the Arrow schema is not embedded in the files this project writes)."""
-    fs, base = _filesystem(uri)
+    fs, base = filesystem(uri)
     full = f"{base.rstrip('/')}/{unquote(path)}"
     dataset = pads.dataset(full, schema=schema, format="parquet", filesystem=fs)
     return dataset.to_table(columns=list(columns) if columns is not None else None)
@@ -121,7 +114,7 @@ def write_clustered(uri: str, data: pa.Table, keys: Sequence[str], target_rows: 
 def write_data_file(uri: str, data: pa.Table, prefix: str) -> DataFile:
     """One Parquet file under the table root with the layout of :func:`layout_options`."""
     name = f"{prefix}-{uuid.uuid4().hex}.parquet"
-    fs, base = _filesystem(uri)
+    fs, base = filesystem(uri)
     path = f"{base.rstrip('/')}/{name}"
     collector: list[pq.FileMetaData] = []
     pq.write_table(data, path, filesystem=fs, metadata_collector=collector,
@@ -132,7 +125,7 @@ def write_data_file(uri: str, data: pa.Table, prefix: str) -> DataFile:
 
 def delete_files(uri: str, files: Sequence[DataFile]) -> None:
     """Delete files written under the table root that no commit will reference."""
-    fs, base = _filesystem(uri)
+    fs, base = filesystem(uri)
     for f in files:
         try:
             fs.delete_file(f"{base.rstrip('/')}/{f.path}")

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from pgcdc_dagster.cdc.changes import Relation

@@ -36,6 +36,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
+from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
 from pgcdc_dagster.lake.data_files import (
     StoredFile,
     bytes_per_row,
@@ -115,6 +116,7 @@ def apply_rewrite(table: DeltaTable, uri: str, source: pa.Table, *, keys: Sequen
     actions: list[AddAction | RemoveAction] = [
         RemoveAction(f.path, True, now, f.size, {}) for f in removed]
     actions += [AddAction(f.path, f.size, {}, now, True, f.stats) for f in result.added]
+    ensure_safe_commits(table.table_uri)
     try:
         table.create_write_transaction(
             actions, "append", stored,

@@ -34,6 +34,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
+from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
 from pgcdc_dagster.lake.data_files import (
     StoredFile,
     bytes_per_row,
@@ -43,7 +44,13 @@ from pgcdc_dagster.lake.data_files import (
     stored_files,
     write_clustered,
 )
-from pgcdc_dagster.lake.delta import COMPACTED_PREFIX, DataFile, committed_version, open_table
+from pgcdc_dagster.lake.delta import (
+    COMPACTED_PREFIX,
+    DataFile,
+    committed_version,
+    load_table,
+    open_table,
+)
 
 COMPACT_PREFIX = COMPACTED_PREFIX.rstrip("-")
 SMALL_FRACTION = 0.5
@@ -150,6 +157,7 @@ def _commit_rewrite(table: DeltaTable, removed: Sequence[StoredFile],
     actions: list[AddAction | RemoveAction] = [
         RemoveAction(f.path, False, now, f.size, {}) for f in removed]
     actions += [AddAction(f.path, f.size, {}, now, False, f.stats) for f in added]
+    ensure_safe_commits(table.table_uri)
     try:
         table.create_write_transaction(
             actions, "append", table.schema(),
@@ -184,7 +192,7 @@ def files_at(uri: str, version: int | None) -> set[str]:
     """Paths (as the log names them) of the table's files at ``version``."""
     if version is None or version < 0:
         return set()
-    table = DeltaTable(uri, version=version)
+    table = load_table(uri, version)
     return set(pa.table(table.get_add_actions(flatten=True))["path"].to_pylist())
 
 
