@@ -103,7 +103,7 @@ def install_stage_timers() -> None:
     _timed(silver_apply, "read_files", "silver: read bronze parts")
     _timed(silver_apply, "prepare_arrow", "silver: prepare (Arrow)")
     _timed(silver_apply, "silver_from_images", "silver: native values")
-    _timed(silver_apply, "merge_batch", "silver: MERGE (delta-rs)")
+    _timed(silver_apply, "merge_batch", "silver: merge (file rewrite)")
 
 
 def generate(cur: Any, per: int, offset: int) -> None:

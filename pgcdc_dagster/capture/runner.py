@@ -166,7 +166,7 @@ def run_silver(settings: CaptureSettings, spark: SparkLike,
 
     Tables are independent (one Delta table each, their own app transaction), so up to
     ``SILVER_THREADS`` of them catch up at once: reading Parquet, the Arrow preparation and
-    delta-rs's MERGE release the GIL. Reports come back in the contexts' order.
+    the silver file rewrites release the GIL. Reports come back in the contexts' order.
     """
     return apply_silver_tables(select_contexts(settings, only), spark,
                                settings.silver_spark_threshold_rows, settings.target_file_bytes)

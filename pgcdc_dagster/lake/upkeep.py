@@ -1,8 +1,8 @@
 """Upkeep of a Delta table: compaction keeping key clustering, vacuum, log checkpoints.
 
 * **Compaction** rewrites, sorted by key, groups of files in key order: files whose key ranges
-  overlap (silver: a batch's inserts inside a stored range), files over twice the target
-  size (a snapshot's chunk files: split), and runs of small files (below half the target
+  overlap (silver: a batch's inserts inside a stored range), silver files over twice the
+  target size (a snapshot's chunk files: split), and runs of small files (below half the target
   size) up to the target size. Rows are moved, never changed: the commit
   removes and adds files with ``dataChange = false`` and carries no app transaction, so
   the tables' exactly-once markers (``txn`` actions, kept by log replay and by checkpoints)
@@ -100,10 +100,10 @@ def compaction_groups(files: Sequence[StoredFile], target_bytes: int, *,
     run_bytes = 0
     for comp in components:
         size = sum(f.size for f in comp)
-        if len(comp) > 1 or size > target_bytes * LARGE_FACTOR:
-            # Overlapping ranges, rewritten together sorted; or a file far above the target
-            # (a snapshot's chunk), split. A group is read whole: one larger than the
-            # memory bound is left as it is.
+        if len(comp) > 1 or (repair_overlaps and size > target_bytes * LARGE_FACTOR):
+            # Overlapping ranges, rewritten together sorted; or a silver file far above the
+            # target (a snapshot's chunk), split (bronze is never merged into: left whole).
+            # A group is read whole: one larger than the memory bound is left as it is.
             if size <= max_group_bytes:
                 groups.append(comp)
             continue

@@ -1,0 +1,206 @@
+"""Soak benchmark (issue 17): many micro-batches over a mixed workload, upkeep on its schedule.
+
+Ten tables (``t0`` large, ``t1``..``t9`` small) are snapshotted, then ``--runs`` micro-batch
+runs (bronze + silver, the project's runner) each follow a mix of writes on every table:
+updates of random keys, updates of the newest keys, inserts of new keys, deletes. Every
+``--upkeep-every`` runs the silver_maintenance upkeep (compaction, vacuum, checkpoint) runs
+on every table. Per run it prints: seconds, bytes written to bronze and silver, the most
+files any bronze / silver table has, the process's RSS, the slot's lag, and the time DuckDB
+takes to read the large table's silver (the Parquet files delta-rs lists). At the end the
+capture catches up and every silver table is compared with its source (convergence), and
+the issue's ratios are printed:
+
+* the last 10 % of runs against the first 10 % (time; target <= 1.2),
+* the most files per silver table (bound: about table bytes / target + the runs since the
+  last upkeep),
+* DuckDB's read of silver against its read right after compaction (target <= 1.2).
+
+Bounded time (not in CI): the defaults take a few minutes on 2 cores.
+
+    .venv/bin/python bench/bench_soak.py [--runs 60] [--upkeep-every 10]
+        [--large-rows 1000000] [--small-rows 20000] [--target-file-bytes 1048576]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import psycopg2
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from pgcdc_dagster.capture.runner import run_bronze, run_silver
+from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.ops.delta_stats import growth, table_stats
+from pgcdc_dagster.ops.upkeep import upkeep_table
+from pgcdc_dagster.postgres.local_cluster import LocalCluster
+from pgcdc_dagster.spark.session import build_session
+
+TABLES = [f"t{i}" for i in range(10)]
+DDL = "CREATE TABLE {t} (id bigint PRIMARY KEY, n int NOT NULL, name text, at timestamptz)"
+FILL = ("INSERT INTO {t} SELECT g, (abs(hashint8(g)) %% 1000)::int, md5(g::text), "
+        "timestamptz '2026-01-01' + g * interval '1 second' FROM generate_series(1, %s) g")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def slot_lag(cur: psycopg2.extensions.cursor, slot: str) -> int:
+    cur.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) "
+                "FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+    row = cur.fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def duckdb_read_s(uri: str) -> float:
+    files = DeltaTable(uri).file_uris()
+    started = time.perf_counter()
+    duckdb.sql("SELECT count(*), sum(n), max(name) FROM read_parquet($f) WHERE NOT __deleted",
+               params={"f": files}).fetchall()
+    return time.perf_counter() - started
+
+
+def write_mix(cur: psycopg2.extensions.cursor, rng: random.Random, top: dict[str, int],
+              large: str) -> None:
+    """One run's writes: random updates, updates of the newest keys, inserts, deletes."""
+    for t in TABLES:
+        scale = 10 if t == large else 1
+        hi = top[t]
+        cur.execute(f"UPDATE {t} SET n = n + 1, name = md5(random()::text) WHERE id = ANY(%s)",
+                    (rng.sample(range(1, hi), 10 * scale),))
+        cur.execute(f"UPDATE {t} SET n = n + 1 WHERE id = ANY(%s)",
+                    (rng.sample(range(max(1, hi - hi // 100), hi), 5 * scale),))
+        cur.execute(f"INSERT INTO {t} SELECT g, 0, 'new', now() FROM generate_series(%s, %s) g",
+                    (hi + 1, hi + 5 * scale))
+        top[t] = hi + 5 * scale
+        cur.execute(f"DELETE FROM {t} WHERE id = ANY(%s)", (rng.sample(range(1, hi), 2 * scale),))
+
+
+def layer_stats(root: str, layer: str) -> dict[str, object]:
+    return {t: table_stats(table_uri(root, layer, "public", t)) for t in TABLES}
+
+
+def converged(cur: psycopg2.extensions.cursor, root: str) -> list[str]:
+    """Tables whose silver (live id, n) differs from the source."""
+    bad = []
+    for t in TABLES:
+        cur.execute(f"SELECT id, n FROM {t}")
+        source = set(cur.fetchall())
+        data = DeltaTable(table_uri(root, "silver", "public", t)).to_pyarrow_table(
+            columns=["id", "n", "__deleted"])
+        live = data.filter(pc.invert(data["__deleted"]))
+        if source != set(zip(live["id"].to_pylist(), live["n"].to_pylist(), strict=True)):
+            bad.append(t)
+    return bad
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--upkeep-every", type=int, default=10)
+    parser.add_argument("--large-rows", type=int, default=1_000_000)
+    parser.add_argument("--small-rows", type=int, default=20_000)
+    parser.add_argument("--target-file-bytes", type=int, default=1 << 20)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-soak-"))
+    cluster = LocalCluster(root / "pg").start()
+    try:
+        conn = psycopg2.connect(cluster.dsn)
+        conn.autocommit = True
+        cur = conn.cursor()
+        top = {}
+        for t in TABLES:
+            rows = args.large_rows if t == "t0" else args.small_rows
+            cur.execute(DDL.format(t=t))
+            cur.execute(FILL.format(t=t), (rows,))
+            top[t] = rows
+        cur.execute("VACUUM ANALYZE")
+        lake = str(root / "lake")
+        settings = CaptureSettings(dsn=cluster.dsn, lakehouse=lake, slot="soak",
+                                   publication="soak", include=("public\\.t[0-9]",),
+                                   target_file_bytes=args.target_file_bytes)
+        spark = build_session()
+        started = time.perf_counter()
+        run_bronze(settings, spark, force_snapshot_step=True)
+        run_silver(settings, spark)
+        print(f"snapshot of {len(TABLES)} tables ({args.large_rows:,} + 9 x "
+              f"{args.small_rows:,} rows): {time.perf_counter() - started:.1f} s")
+        large = table_uri(lake, "silver", "public", "t0")
+        rng = random.Random(17)
+        seconds: list[float] = []
+        reads: list[float] = []
+        after_upkeep: list[float] = []
+        silver_files: list[int] = []
+        print("run  seconds  bronze_MB  silver_MB  max_files(b/s)  rss_MB  slot_lag_B  "
+              "duckdb_s  upkeep")
+        for run in range(1, args.runs + 1):
+            write_mix(cur, rng, top, "t0")
+            before = {layer: layer_stats(lake, layer) for layer in ("bronze", "silver")}
+            started = time.perf_counter()
+            run_bronze(settings, spark, force_snapshot_step=False)
+            run_silver(settings, spark)
+            seconds.append(time.perf_counter() - started)
+            after = {layer: layer_stats(lake, layer) for layer in ("bronze", "silver")}
+            written = {layer: sum(growth(before[layer][t], after[layer][t],  # type: ignore[arg-type]
+                                         table_uri(lake, layer, "public", t)).bytes
+                                  for t in TABLES) for layer in after}
+            files = {layer: max(s.files for s in after[layer].values())  # type: ignore[attr-defined]
+                     for layer in after}
+            note = ""
+            if run % args.upkeep_every == 0:
+                u_started = time.perf_counter()
+                rewritten = sum(layer.compaction.bytes_added for t in TABLES
+                                for layer in upkeep_table(lake, "public", t,
+                                                          app_prefix=settings.app_prefix,
+                                                          target_bytes=args.target_file_bytes,
+                                                          retention_hours=168))
+                note = f"{time.perf_counter() - u_started:.1f} s, {rewritten / 1e6:.1f} MB"
+                after_upkeep.append(duckdb_read_s(large))
+            reads.append(duckdb_read_s(large))
+            silver_files.append(files["silver"])
+            print(f"{run:3d}  {seconds[-1]:7.2f}  {written['bronze'] / 1e6:9.2f}  "
+                  f"{written['silver'] / 1e6:9.2f}  {files['bronze']:5d}/{files['silver']:<5d}  "
+                  f"{rss_mb():7.0f}  {slot_lag(cur, 'soak'):10d}  {reads[-1]:8.3f}  {note}")
+        run_bronze(settings, spark, force_snapshot_step=False)
+        run_silver(settings, spark)
+        bad = converged(cur, lake)
+        print(f"convergence: {'every silver table equals its source' if not bad else bad}")
+        tenth = max(1, args.runs // 10)
+        first, last = statistics.median(seconds[:tenth]), statistics.median(seconds[-tenth:])
+        size = table_stats(large).bytes
+        bound = size // args.target_file_bytes + 2 * args.upkeep_every + 10
+        print(f"ratio last/first 10 % of runs (seconds, medians): {last / first:.2f} "
+              "(target <= 1.2)")
+        print(f"most files in a silver table: {max(silver_files)} (bound {bound}: large "
+              f"table {size / 1e6:.0f} MB / target + 2 x runs between upkeeps + 10)")
+        if after_upkeep:
+            print(f"ratio DuckDB read / read right after compaction (medians): "
+                  f"{statistics.median(reads) / statistics.median(after_upkeep):.2f} "
+                  "(target <= 1.2)")
+        spark.stop()
+        conn.close()
+        if bad:
+            raise SystemExit(f"silver differs from the source: {bad}")
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
