@@ -147,18 +147,34 @@ CAPTURE_RUN = "capture_run"
 """Metadata flag of the slot observation each lean capture run records (its LSN range)."""
 
 
-def _runs(instance: dg.DagsterInstance, key: dg.AssetKey, limit: int) -> list[RunRange]:
-    """The capture runs' ranges, oldest first: the ranges the lean capture runs record on the
-    slot (one observation per run, whatever it changed) merged with the table's own bronze
-    materializations (asset-job and incremental runs), one range per run."""
+SlotRuns = tuple[dict[str, tuple[int, Any]], int]
+"""The capture runs' ranges recorded on the slot (run id -> (storage id, metadata)) and the
+lowest storage id they cover (0 when every observation was read)."""
+
+
+def slot_runs(instance: dg.DagsterInstance, limit: int) -> SlotRuns:
+    """The ranges the lean capture runs recorded on the slot (one observation per run)."""
+    records = instance.fetch_observations(SLOT_KEY, limit=limit).records
     by_run: dict[str, tuple[int, Any]] = {}
-    for obs in instance.fetch_observations(SLOT_KEY, limit=limit).records:
+    for obs in records:
         event = obs.asset_observation
         if event is not None and CAPTURE_RUN in event.metadata:
             by_run[obs.run_id] = (obs.storage_id, event.metadata)
+    floor = min(r.storage_id for r in records) if len(records) >= limit else 0
+    return by_run, floor
+
+
+def _runs(instance: dg.DagsterInstance, key: dg.AssetKey, limit: int,
+          observed: SlotRuns | None = None) -> list[RunRange]:
+    """The capture runs' ranges, oldest first: the ranges the lean capture runs record on the
+    slot (one observation per run, whatever it changed) merged with the table's own bronze
+    materializations (asset-job and incremental runs), one range per run. ``observed``: the
+    slot's ranges read once for many tables (:func:`slot_runs`)."""
+    on_slot, floor = observed if observed is not None else slot_runs(instance, limit)
+    by_run = dict(on_slot)
     for rec in instance.fetch_materializations(key, limit=limit).records:
         mat = rec.asset_materialization
-        if mat is not None:
+        if mat is not None and rec.storage_id >= floor:  # older: the slot's runs are cut
             by_run.setdefault(rec.run_id, (rec.storage_id, mat.metadata))
     recent = sorted(by_run.items(), key=lambda item: item[1][0])[-limit:]
     runs = []
@@ -197,13 +213,16 @@ def _windows_result(key: dg.AssetCheckKey, report: WindowReport,
 
 
 def lsn_windows_result(instance: dg.DagsterInstance, key: dg.AssetCheckKey, ctx: TableContext,
-                       confirmed: Lsn | None, settings: MonitorSettings) -> dg.AssetCheckResult:
-    """``lsn_windows_contiguous`` of one table (``confirmed``: the slot's position)."""
+                       confirmed: Lsn | None, settings: MonitorSettings,
+                       observed: SlotRuns | None = None) -> dg.AssetCheckResult:
+    """``lsn_windows_contiguous`` of one table (``confirmed``: the slot's position;
+    ``observed``: :func:`slot_runs`, read once for many tables)."""
     report = WindowReport(ctx.name)
     commits, _ = bronze_commits(ctx.bronze_uri, settings.history_limit)
     app = committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id)
     check_commits(report, commits, app)
-    check_runs(report, _runs(instance, key.asset_key, settings.history_limit), confirmed)
+    check_runs(report, _runs(instance, key.asset_key, settings.history_limit, observed),
+               confirmed)
     return _windows_result(key, report, confirmed)
 
 
@@ -225,13 +244,14 @@ def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableCo
     """The light checks of the given tables (a capture run passes the tables it changed)
     and of the slot; a check that cannot evaluate reports why, as in the check ops."""
     yield slot_result(health, settings)
+    observed = slot_runs(instance, settings.history_limit) if contexts else None
     for ctx in contexts:
         s, t = ctx.relation.qualified
         windows = dg.AssetCheckKey(bronze_key(s, t), LSN_WINDOWS)
         schema = dg.AssetCheckKey(silver_key(s, t), SCHEMA_MATCHES)
         for key, evaluate in (
                 (windows, partial(lsn_windows_result, instance, windows, ctx,
-                                  health.confirmed_flush_lsn, settings)),
+                                  health.confirmed_flush_lsn, settings, observed)),
                 (schema, partial(schema_result, schema, ctx))):
             try:
                 yield evaluate()
@@ -337,11 +357,14 @@ def _table_checks(tables: Sequence[tuple[str, str]],
                            lakehouse: LakehouseResource,
                            capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
         confirmed: list[Lsn | None] = []
+        observed: list[SlotRuns] = []  # read once for every table of the sweep
 
         def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
             if not confirmed:
                 confirmed.append(slot_health(postgres.dsn, capture.slot).confirmed_flush_lsn)
-            return lsn_windows_result(context.instance, key, ctx, confirmed[0], settings)
+                observed.append(slot_runs(context.instance, settings.history_limit))
+            return lsn_windows_result(context.instance, key, ctx, confirmed[0], settings,
+                                      observed[0])
 
         yield from _per_table(context, postgres, lakehouse, capture, evaluate)
 
