@@ -34,7 +34,7 @@ from pgcdc_dagster.capture.tables import TableContext, converters_for
 from pgcdc_dagster.cdc.changes import Relation, Window
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
-from pgcdc_dagster.cdc.plugins import PGOUTPUT
+from pgcdc_dagster.cdc.plugins import PGOUTPUT_WIRE
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import append_arrow, committed_version, open_table
@@ -298,7 +298,7 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                 # Portions: a huge transaction reaches bronze in bounded pieces while the
                 # COPY still streams. Not with a hook: it must see the whole window.
                 portion = settings.window_portion_changes if hook is None else 0
-                if settings.plugin_name == PGOUTPUT:
+                if settings.plugin_name in PGOUTPUT_WIRE:  # pgoutput, yboutput
                     window = peek_window(conn, settings.slot, settings.publication, upto,
                                          upto_nchanges=cap, portion_changes=portion or None,
                                          on_portion=writer.add if portion else None)

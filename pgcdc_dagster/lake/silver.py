@@ -54,12 +54,16 @@ def silver_schema(relation: Relation, converters: Sequence[ColumnConverter]) -> 
 
 
 def toastable_columns(relation: Relation, converters: Sequence[ColumnConverter]) -> list[str]:
-    """Columns whose values can be stored out of line (variable-length, non-key)."""
+    """Columns an update may leave out, so that silver keeps their stored value: those whose
+    values can be stored out of line (variable-length, non-key), and under YugabyteDB's
+    REPLICA IDENTITY CHANGE (``c``: an update carries only the key and the changed
+    columns, YB-04/05) every non-key column."""
     out = []
+    partial = relation.replica_identity == "c"
     for col, conv in zip(relation.columns, converters, strict=True):
         typ = conv.bronze_field.type
         fixed = pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ)
-        if not col.is_key and not fixed:
+        if not col.is_key and (partial or not fixed):
             out.append(conv.bronze_field.name)
     return out
 

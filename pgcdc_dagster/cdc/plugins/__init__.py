@@ -17,9 +17,15 @@ from pgcdc_dagster.exceptions import ConfigurationError
 PGOUTPUT = "pgoutput"
 DECODERBUFS = "decoderbufs"
 WAL2JSON = "wal2json"
-PLUGINS = (PGOUTPUT, DECODERBUFS, WAL2JSON)
+YBOUTPUT = "yboutput"
+PLUGINS = (PGOUTPUT, DECODERBUFS, WAL2JSON, YBOUTPUT)
 """``plugin.name`` values this project reads (Debezium's, without the wal2json RDS and
-streaming variants)."""
+streaming variants, plus YugabyteDB's ``yboutput``, YB-02)."""
+PGOUTPUT_WIRE = frozenset({PGOUTPUT, YBOUTPUT})
+"""Plugins whose output is pgoutput's protocol, read by ``postgres/peek.py`` directly.
+``yboutput`` is YugabyteDB's pgoutput; under its REPLICA IDENTITY CHANGE (Relation
+identity ``c``) an update carries the key and the changed columns, the others as ``'u'``
+(docs/plugins.md, *YugabyteDB*)."""
 
 
 def check_plugin(name: str) -> str:
@@ -31,5 +37,5 @@ def check_plugin(name: str) -> str:
     if name not in PLUGINS:
         raise ConfigurationError(
             f"plugin.name = {name!r} is not supported; use one of {', '.join(PLUGINS)} "
-            "(PGCDC_PLUGIN_NAME)")
+            "(PGCDC_PLUGIN_NAME; yboutput only on YugabyteDB)")
     return name

@@ -58,7 +58,10 @@ class TableInfo:
     """The ``bytea`` columns (wal2json writes them as bare hex)."""
 
     def __post_init__(self) -> None:
-        self.spec.extend((c.name, c.is_key, c.name in self.varlena)
+        # Under YugabyteDB's REPLICA IDENTITY CHANGE (``c``) any column may be left out of an
+        # update (yboutput sends it as 'u'), not only variable-length ones.
+        partial = self.relation.replica_identity == "c"
+        self.spec.extend((c.name, c.is_key, partial or c.name in self.varlena)
                          for c in self.relation.columns)
         object.__setattr__(self, "bytea", frozenset(
             c.name for c in self.relation.columns if c.type_oid == _BYTEA))
