@@ -74,7 +74,7 @@ def main() -> None:
             spark = build_session(master, "pgcdc-bench-scale-out")
             spark.range(10).count()  # JVM and executors up: not snapshot work
             snapshot_seconds(pg.dsn, str(root / "warm"), spark)  # Python workers started
-            where = "local[2]" if master.startswith("local") else "cluster"
+            where = "local2" if master.startswith("local") else "cluster"
             for i in range(args.repeat):
                 for lake, kind in ((str(root / f"{where}-{i}"), "disk"),
                                    (f"s3://{bucket}/{where}-{i}", "s3")):
@@ -88,11 +88,11 @@ def main() -> None:
             print(f"{key:>16}: best {min(values):.2f} s, median {statistics.median(values):.2f} s"
                   f" ({total / min(values):,.0f} rows/s)")
         best = {k: min(v) for k, v in times.items()}
-        print(f"ratio s3/disk, local[2]: {best['local[2]/s3'] / best['local[2]/disk']:.2f}")
+        print(f"ratio s3/disk, local[2]: {best['local2/s3'] / best['local2/disk']:.2f}")
         print(f"ratio s3/disk, cluster: {best['cluster/s3'] / best['cluster/disk']:.2f}")
         print(f"ratio cluster/local[2], disk: "
-              f"{best['cluster/disk'] / best['local[2]/disk']:.2f}")
-        print(f"ratio cluster/local[2], s3: {best['cluster/s3'] / best['local[2]/s3']:.2f}")
+              f"{best['cluster/disk'] / best['local2/disk']:.2f}")
+        print(f"ratio cluster/local[2], s3: {best['cluster/s3'] / best['local2/s3']:.2f}")
     finally:
         cluster.stop()
         store.stop()

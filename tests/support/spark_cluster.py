@@ -96,7 +96,7 @@ def _wait(ready: Any, timeout: float, log: Path) -> None:
         try:
             if ready():
                 return
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or an empty page while starting
             pass
         time.sleep(0.5)
     raise RuntimeError(f"Spark cluster not ready after {timeout}s: {log.read_text()[-2000:]}")
