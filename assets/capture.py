@@ -358,7 +358,7 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
         settings = capture.settings(postgres.dsn, lakehouse.root)
         ensure_partitions(context.instance, tables)  # incremental-snapshot backfills
         before = {(s, t): table_stats(lakehouse.table("bronze", s, t)) for s, t in tables}
-        meta_before = {n: table_stats(lakehouse.table("bronze", "_pgcdc", n))
+        meta_before = {n: table_stats(lakehouse.internal(n))
                        for n in META_TABLES}
         started = time.monotonic()
         run = run_bronze(settings, spark.lazy(), force_snapshot_step=config.snapshot_step,
@@ -381,7 +381,7 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
                 metadata={**_bronze_metadata(run, ctx, before[(s, t)], seconds, health),
                           **skipped_metadata(run.skipped)})
         for name in META_TABLES:
-            uri = lakehouse.table("bronze", "_pgcdc", name)
+            uri = lakehouse.internal(name)
             yield dg.MaterializeResult(asset_key=meta_key(name), metadata=meta_table_metadata(
                 run.stream, name, uri, meta_before[name], seconds))
 

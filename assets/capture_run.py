@@ -148,7 +148,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
             if f"_pgcdc.{meta_name}" not in meta_events:
                 continue
             key = meta_key(meta_name)
-            uri = lakehouse.table("bronze", "_pgcdc", meta_name)
+            uri = lakehouse.internal(meta_name)
             context.log_event(dg.AssetMaterialization(asset_key=key, metadata=(
                 meta_table_metadata(run.stream, meta_name, uri, _before(instance, key, uri),
                                     seconds))))

@@ -108,7 +108,7 @@ def _to_start(store: ProgressStore, tables: Sequence[tuple[str, str]], origin: s
     request (a retry of the same origin does not start a finished table over)."""
     fresh = []
     for s, t in tables:
-        p = store.load(f"{s}.{t}")
+        p = store.load(s, t)
         if restart or p is None or p.status == "stopped":
             fresh.append((s, t))
         elif p.status == "done" and p.signal_id != origin:
@@ -248,7 +248,7 @@ def build_incremental(tables: Sequence[tuple[str, str]],
             context.log.info(f"incremental snapshot started for {', '.join(outcome.tables)} "
                              f"(chunk size {settings.incremental_chunk_size})")
         before = {c.relation.qualified: table_stats(c.bronze_uri) for c in contexts}
-        meta_before = {n: table_stats(lakehouse.table("bronze", "_pgcdc", n))
+        meta_before = {n: table_stats(lakehouse.internal(n))
                        for n in META_TABLES}
         started = time.monotonic()
         only = {f"{s}.{t}" for s, t in wanted.values()}
@@ -259,7 +259,7 @@ def build_incremental(tables: Sequence[tuple[str, str]],
                 asset_key=bronze_key(*ctx.relation.qualified),
                 metadata=_bronze_events(ctx, report, before[ctx.relation.qualified], seconds)))
         for meta_name in META_TABLES:
-            uri = lakehouse.table("bronze", "_pgcdc", meta_name)
+            uri = lakehouse.internal(meta_name)
             context.log_event(dg.AssetMaterialization(asset_key=meta_key(meta_name), metadata=(
                 _meta_table_events(meta_name, uri, report, meta_before[meta_name], seconds))))
         session = spark.lazy()
@@ -277,7 +277,7 @@ def build_incremental(tables: Sequence[tuple[str, str]],
         failed: list[str] = []
         per_key: dict[str, dict[str, Any]] = {}
         for key, (s, t) in wanted.items():
-            p = store.load(f"{s}.{t}")
+            p = store.load(s, t)
             meta = _partition_metadata(p, seconds)
             meta["silver_rows"] = live_row_count(by_name[(s, t)].silver_uri) or 0
             per_key[key] = meta

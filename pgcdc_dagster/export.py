@@ -40,10 +40,13 @@ from pgcdc_dagster.cdc.debezium_records import BINARY_MODES, message_to_json, tr
 from pgcdc_dagster.cdc.jackson import dumps
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import open_table
-from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.paths import internal_uri, table_uri
 from pgcdc_dagster.lake.schema_history import history_uri, read_history, shape_at
 
 META_SCHEMA = "_pgcdc"
+META_TABLES = ("messages", "transactions")
+"""``_pgcdc.<name>`` names these capture-wide tables (``bronze/_pgcdc``), never a source
+table of a schema ``_pgcdc`` (whose path is escaped, ``lake/paths.py``)."""
 
 
 def _ordered(table: pa.Table, limit: int | None) -> pa.Table:
@@ -60,7 +63,9 @@ def _ordered(table: pa.Table, limit: int | None) -> pa.Table:
 
 
 def _bronze(lakehouse: str, schema: str, table: str) -> DeltaTable:
-    found = open_table(table_uri(lakehouse, "bronze", schema, table))
+    internal = schema == META_SCHEMA and table in META_TABLES
+    found = open_table(internal_uri(lakehouse, table) if internal
+                       else table_uri(lakehouse, "bronze", schema, table))
     if found is None:
         raise ConfigurationError(
             f"no bronze table for {schema}.{table} under {lakehouse}; check --lakehouse and "

@@ -6,7 +6,7 @@ import dagster as dg
 from pydantic import Field
 
 from pgcdc_dagster.lake.commit_safety import UNSAFE_OPT_IN
-from pgcdc_dagster.lake.paths import normalise_root, table_uri
+from pgcdc_dagster.lake.paths import internal_uri, normalise_root, table_uri
 from pgcdc_dagster.lake.storage import register
 
 
@@ -20,7 +20,8 @@ class LakehouseResource(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     root: str = Field(
         description="Root path or URI of the lakehouse; tables land at "
-        "<root>/bronze/<schema>/<table> and <root>/silver/<schema>/<table>.",
+        "<root>/bronze/<schema>/<table> and <root>/silver/<schema>/<table> (names escaped, "
+        "see the README).",
     )
     access_key_id: str | None = Field(default=None, description="AWS_ACCESS_KEY_ID.")
     secret_access_key: str | None = Field(
@@ -58,9 +59,14 @@ class LakehouseResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         register(normalise_root(self.root), self.options())
 
     def table(self, layer: str, schema: str, table: str) -> str:
-        """URI of one Delta table."""
+        """URI of one source table's Delta table."""
         register(normalise_root(self.root), self.options())
         return table_uri(self.root, layer, schema, table)
+
+    def internal(self, name: str) -> str:
+        """URI of a capture-wide bronze table, ``<root>/bronze/_pgcdc/<name>``."""
+        register(normalise_root(self.root), self.options())
+        return internal_uri(self.root, name)
 
     def normalised(self) -> str:
         """The root as an absolute path (or the URI unchanged)."""

@@ -46,7 +46,7 @@ from pgcdc_dagster.lake.delta import (
     write_part,
 )
 from pgcdc_dagster.lake.evolution import evolve
-from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.paths import internal_uri
 
 SKIPPABLE_OPS = frozenset("cudt")
 
@@ -145,7 +145,7 @@ class BronzeWindowWriter:
     _inflight: deque[Future[None]] = field(default_factory=deque)
 
     def _meta_uri(self, name: str) -> str:
-        return table_uri(self.lakehouse, "bronze", "_pgcdc", name)
+        return internal_uri(self.lakehouse, name)
 
     def _meta_app_id(self, name: str) -> str:
         return f"{self.app_prefix}:bronze:_pgcdc.{name}"

@@ -122,7 +122,7 @@ def apply_signal(settings: CaptureSettings, signal: Signal, *,
                 order_columns(conn, name[0], name[1], ctx.relation.key_names,
                               signal.surrogate_key)
                 fresh.append(TableProgress(
-                    snapshot_id=uuid.uuid4().hex, table=f"{name[0]}.{name[1]}",
+                    snapshot_id=uuid.uuid4().hex, table=f"{name[0]}.{name[1]}", name=list(name),
                     chunk_size=chunk_size, condition=cond, surrogate_key=signal.surrogate_key,
                     signal_id=signal.id, estimated_rows=estimated_rows(conn, *name)))
         for p in fresh:
@@ -239,7 +239,7 @@ class _Driver:
         crash_point("incremental_after_progress")
 
     def _status(self, p: TableProgress) -> str:
-        on_disk = self.store.load(p.table)
+        on_disk = self.store.load(*p.qualified)
         if on_disk is None or on_disk.snapshot_id != p.snapshot_id:
             return "stopped"  # replaced by a newer execute-snapshot or removed
         p.status = on_disk.status if on_disk.status in ("paused", "stopped") else p.status
@@ -249,7 +249,7 @@ class _Driver:
         """Save the run's progress without undoing a signal applied meanwhile: a pause or
         stop written while a chunk was in flight is kept (unless the snapshot just finished),
         and a snapshot replaced by a newer execute-snapshot is not overwritten."""
-        on_disk = self.store.load(p.table)
+        on_disk = self.store.load(*p.qualified)
         if on_disk is not None and on_disk.snapshot_id != p.snapshot_id:
             return
         if on_disk is not None and p.status != "done" and on_disk.status in ("paused",

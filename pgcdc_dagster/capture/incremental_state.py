@@ -1,6 +1,8 @@
 """Durable incremental-snapshot progress: one small JSON file per table.
 
-``<lakehouse>/_pgcdc/<slot>/incremental/<schema>.<table>.json`` holds the snapshot id, the
+``<lakehouse>/_pgcdc/<slot>/incremental/<schema>.<table>.json`` (names escaped as path
+segments with every ``.`` escaped too, ``lake/paths.py``; a name too long for a file name is
+replaced by its SHA-256) holds the snapshot id, the
 chunk cursor (the ordering key of the last chunk whose rows are committed to bronze), the
 key the snapshot ends at, counters, the status (running / paused / stopped / done) and the
 chunk whose rows were handed to a bronze window but not yet known to be committed
@@ -12,13 +14,13 @@ rename; on object storage one PUT).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-import urllib.parse
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pgcdc_dagster.lake.paths import normalise_root
+from pgcdc_dagster.lake.paths import encode_segment, slot_root
 from pgcdc_dagster.lake.storage import join, list_names, read_bytes, write_bytes
 
 STATUSES = ("running", "paused", "stopped", "done")
@@ -30,7 +32,7 @@ class TableProgress:
 
     snapshot_id: str
     table: str
-    """``schema.table``."""
+    """``schema.table`` (for messages and watermarks; :attr:`qualified` is the name)."""
     chunk_size: int
     condition: str | None = None
     surrogate_key: str | None = None
@@ -51,9 +53,14 @@ class TableProgress:
     pending: dict[str, Any] | None = None
     """``{"chunk", "hw_commit_lsn", "last_key", "rows", "emitted", "dropped", "early",
     "final"}`` of a chunk handed to a bronze window whose commit is not yet confirmed."""
+    name: list[str] | None = None
+    """``[schema, table]`` (a name may hold dots; files written before it was recorded
+    have None, and their ``table`` splits at its first dot)."""
 
     @property
     def qualified(self) -> tuple[str, str]:
+        if self.name is not None:
+            return self.name[0], self.name[1]
         schema, _, table = self.table.partition(".")
         return schema, table
 
@@ -82,7 +89,22 @@ class TableProgress:
 
 def state_dir(lakehouse: str, slot: str) -> str:
     """Where a slot's progress files live (a local directory or an object-store prefix)."""
-    return join(normalise_root(lakehouse), "_pgcdc", slot, "incremental")
+    return join(slot_root(lakehouse, slot), "incremental")
+
+
+_NAME_MAX = 255
+"""Bytes in a file name (ext4, XFS, APFS)."""
+
+
+def state_file(schema: str, table: str) -> str:
+    """The progress file's name: ``<schema>.<table>.json``, each name a path segment with
+    its dots escaped (so the file name is injective); two escaped 63-byte names can exceed
+    255 bytes, and such a table's file is named by the SHA-256 of the two names."""
+    name = f"{encode_segment(schema, escape_dots=True)}.{encode_segment(table, escape_dots=True)}"
+    if len(name.encode()) + len(".json") > _NAME_MAX:
+        digest = hashlib.sha256(json.dumps([schema, table]).encode()).hexdigest()
+        name = f"~sha256-{digest}"
+    return name + ".json"
 
 
 class ProgressStore:
@@ -92,15 +114,15 @@ class ProgressStore:
     def __init__(self, lakehouse: str, slot: str) -> None:
         self.dir = state_dir(lakehouse, slot)
 
-    def _path(self, table: str) -> str:
-        return join(self.dir, urllib.parse.quote(table, safe="") + ".json")
+    def _path(self, schema: str, table: str) -> str:
+        return join(self.dir, state_file(schema, table))
 
     def save(self, progress: TableProgress) -> None:
-        write_bytes(self._path(progress.table),
+        write_bytes(self._path(*progress.qualified),
                     json.dumps(asdict(progress), sort_keys=True).encode())
 
-    def load(self, table: str) -> TableProgress | None:
-        data = read_bytes(self._path(table))
+    def load(self, schema: str, table: str) -> TableProgress | None:
+        data = read_bytes(self._path(schema, table))
         return None if data is None else TableProgress(**json.loads(data))
 
     def all(self) -> list[TableProgress]:

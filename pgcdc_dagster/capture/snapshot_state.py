@@ -36,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc_dagster.lake.delta import open_table, write_table
-from pgcdc_dagster.lake.paths import normalise_root
+from pgcdc_dagster.lake.paths import slot_root
 from pgcdc_dagster.postgres.snapshot_read import Chunk
 from pgcdc_dagster.spark.snapshot_tasks import SnapshotFile
 
@@ -57,7 +57,7 @@ TableName = tuple[str, str]
 
 def progress_uri(lakehouse: str, slot: str) -> str:
     """Where the progress table of a capture (slot) lives."""
-    return f"{normalise_root(lakehouse)}/_pgcdc/{slot}/snapshot/progress"
+    return f"{slot_root(lakehouse, slot)}/snapshot/progress"
 
 
 @dataclass

@@ -38,7 +38,7 @@ from pgcdc_dagster.cdc.plugins import PGOUTPUT_WIRE
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import append_arrow, committed_version, open_table
-from pgcdc_dagster.lake.paths import normalise_root
+from pgcdc_dagster.lake.paths import slot_root
 from pgcdc_dagster.postgres.catalog import load_types
 from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.peek import peek_window
@@ -169,7 +169,7 @@ CAPTURE_SET_SCHEMA = pa.schema([
 
 def capture_set_uri(lakehouse: str, slot: str) -> str:
     """Where the capture-set log of a capture (slot) lives."""
-    return f"{normalise_root(lakehouse)}/_pgcdc/{slot}/capture_set"
+    return f"{slot_root(lakehouse, slot)}/capture_set"
 
 
 CaptureSetLog = list[tuple[int, frozenset[tuple[str, str]]]]

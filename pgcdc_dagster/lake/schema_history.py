@@ -31,7 +31,7 @@ from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.quoting import sql_ident, sql_literal
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.delta import ensure_table, open_table, write_table
-from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.paths import internal_uri
 
 HISTORY_SCHEMA = pa.schema([
     pa.field("schema", pa.string(), nullable=False),
@@ -46,7 +46,7 @@ HISTORY_SCHEMA = pa.schema([
 
 def history_uri(lakehouse: str) -> str:
     """Where the schema history of a lakehouse lives."""
-    return table_uri(lakehouse, "bronze", "_pgcdc", "schema_history")
+    return internal_uri(lakehouse, "schema_history")
 
 
 @dataclass(frozen=True, slots=True)

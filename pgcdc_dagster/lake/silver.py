@@ -36,8 +36,6 @@ META_FIELDS = (
 META_NAMES = tuple(f.name for f in META_FIELDS)
 TOAST_UNCHANGED = "__toast_unchanged"
 """The MERGE source's column listing, per row, the columns whose stored value is kept."""
-RESERVED_NAMES = (*META_NAMES, TOAST_UNCHANGED)
-"""Names a source column cannot have in silver (see :func:`reserved_columns`)."""
 COMMIT_ATTEMPTS = 3
 """Runs of a batch whose commit lost a race with a concurrent one (upkeep's compaction)."""
 

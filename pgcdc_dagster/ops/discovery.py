@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 import psycopg2.extensions
 
 from pgcdc_dagster.names import display_name
-from pgcdc_dagster.postgres.discovery import KeyFor, compile_patterns, keyless, unusable
+from pgcdc_dagster.postgres.discovery import (
+    KeyFor,
+    compile_patterns,
+    keyless,
+    unstorable,
+    unusable,
+)
 
 _CANDIDATES_SQL = """
 SELECT n.nspname, c.relname,
@@ -79,6 +85,8 @@ def discover(conn: psycopg2.extensions.connection, include: Sequence[str],
         skipped = unusable(schema, table, str(persistence), bool(readable), str(ident))
         if skipped is None and not keyed and not (key_for and key_for(schema, table, columns)):
             skipped = keyless(schema, table)
+        if skipped is None:
+            skipped = unstorable(schema, table, columns)
         if skipped is None:
             report.new.append((schema, table))
         else:

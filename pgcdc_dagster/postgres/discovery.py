@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import psycopg2.extensions
 
 from pgcdc_dagster.cdc.changes import Column, Relation
+from pgcdc_dagster.cdc.column_names import column_name_problems
 from pgcdc_dagster.exceptions import ConfigurationError, MissingPrimaryKeyError, TableNotFoundError
 from pgcdc_dagster.names import display_name
 
@@ -157,7 +158,8 @@ def resolve_capture(conn: psycopg2.extensions.connection, include: Sequence[str]
     (``message.key.columns``) when it names columns of the table.
 
     A matched table that cannot be captured (no key, UNLOGGED, no SELECT privilege, REPLICA
-    IDENTITY NOTHING) is left out with its reason and fix, so one such table does not stop
+    IDENTITY NOTHING, columns Delta cannot store side by side: ``cdc/column_names.py``) is
+    left out with its reason and fix, so one such table does not stop
     the capture of the others, unless an include pattern names it literally (an explicit
     request): then the error is raised.
 
@@ -187,6 +189,16 @@ def resolve_capture(conn: psycopg2.extensions.connection, include: Sequence[str]
             continue
         explicit = names_table(include, schema, table)
         skipped = unusable(schema, table, str(persistence), bool(readable), str(ident))
+        relation = None
+        if skipped is None:
+            try:
+                relation = describe_table(conn, oid, schema, table, ident, key_for=key_for)
+            except MissingPrimaryKeyError:
+                if explicit:
+                    raise
+                skipped = keyless(schema, table)
+        if relation is not None:
+            skipped = unstorable(schema, table, [c.name for c in relation.columns])
         if skipped is not None:
             if explicit:
                 raise ConfigurationError(
@@ -195,14 +207,21 @@ def resolve_capture(conn: psycopg2.extensions.connection, include: Sequence[str]
                     "PGCDC_TABLES.")
             out.skipped.append(skipped)
             continue
-        try:
-            out.relations.append(describe_table(conn, oid, schema, table, ident,
-                                                key_for=key_for))
-        except MissingPrimaryKeyError:
-            if explicit:
-                raise
-            out.skipped.append(keyless(schema, table))
+        assert relation is not None
+        out.relations.append(relation)
     return out
+
+
+def unstorable(schema: str, table: str, columns: Sequence[str]) -> SkippedTable | None:
+    """Why a table whose columns Delta cannot store side by side is left out (columns
+    differing only in letter case, or named like silver's metadata columns:
+    ``cdc/column_names.py``), and the fix; None when it can be stored."""
+    problems = column_name_problems(columns)
+    if not problems:
+        return None
+    return SkippedTable(schema, table, "; ".join(problems),
+                        "rename one of these columns at the source, or exclude the table "
+                        "(table.exclude.list)")
 
 
 def keyless(schema: str, table: str) -> SkippedTable:

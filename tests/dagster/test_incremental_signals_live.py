@@ -101,7 +101,7 @@ def test_pause_resume_stop_while_running(channel, capture, pg_conn, monkeypatch)
                                     tags=tags, raise_on_error=False)
     assert not paused.success and "public.items is paused" in _failure(paused)
     assert len(reads) == 2  # the chunk in flight finished; no third chunk was read
-    progress = store.load("public.items")
+    progress = store.load("public", "items")
     assert progress is not None and progress.status == "paused"
     assert progress.chunks_done == 2 and progress.last_key == ["128"]
     assert sorted(r["id"] for r in _incremental_rows(lakehouse, "items")) == \
@@ -130,7 +130,7 @@ def test_pause_resume_stop_while_running(channel, capture, pg_conn, monkeypatch)
                                      raise_on_error=False)
     assert not stopped.success and "public.items is stopped" in _failure(stopped)
     assert len(reads) == before + 1  # no chunk after the one in flight
-    progress = store.load("public.items")
+    progress = store.load("public", "items")
     assert progress is not None and progress.status == "stopped" and progress.chunks_done == 1
     ids = sorted(r["id"] for r in _incremental_rows(lakehouse, "items"))
     assert ids == sorted([*range(1, 201), *range(1, 65)])  # only the first chunk again

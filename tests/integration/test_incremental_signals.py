@@ -74,14 +74,14 @@ def test_pause_resume_stop(settings, lakehouse) -> None:
     apply_signal(settings, parse_signal("1", "execute-snapshot",
                                         '{"data-collections": ["public.orders"]}'), chunk_size=10)
     apply_signal(settings, parse_signal("2", "pause-snapshot", None))
-    assert store.load("public.orders").status == "paused"  # type: ignore[union-attr]
+    assert store.load("public", "orders").status == "paused"  # type: ignore[union-attr]
     report = run_incremental(settings)
     assert report.tables[0].chunks_done == 0
     apply_signal(settings, parse_signal("3", "resume-snapshot", ""))
-    assert store.load("public.orders").status == "running"  # type: ignore[union-attr]
+    assert store.load("public", "orders").status == "running"  # type: ignore[union-attr]
     apply_signal(settings, parse_signal("4", "stop-snapshot",
                                         '{"data-collections": ["public.orders"]}'))
-    assert store.load("public.orders").status == "stopped"  # type: ignore[union-attr]
+    assert store.load("public", "orders").status == "stopped"  # type: ignore[union-attr]
     assert run_incremental(settings).tables[0].chunks_done == 0
     apply_signal(settings, parse_signal("5", "execute-snapshot",
                                         '{"data-collections": ["public.orders"]}'), chunk_size=64)

@@ -34,7 +34,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
-from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.paths import internal_uri, table_uri
 from pgcdc_dagster.postgres.connection import connect
 from tests.support.compare import assert_silver_equals_source
 from tests.support.decoding_oracle import Event, Message, bronze_events, oracle_events
@@ -151,8 +151,9 @@ class Writer:
 
 
 def _bronze(lakehouse, schema: str, table: str) -> list[dict[str, Any]]:
-    return DeltaTable(table_uri(str(lakehouse), "bronze", schema, table)) \
-        .to_pyarrow_table().to_pylist()
+    uri = internal_uri(str(lakehouse), table) if schema == "_pgcdc" \
+        else table_uri(str(lakehouse), "bronze", schema, table)
+    return DeltaTable(uri).to_pyarrow_table().to_pylist()
 
 
 @pytest.mark.parametrize("plugin", ["pgoutput", "wal2json", "decoderbufs"])

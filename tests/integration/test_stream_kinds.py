@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
-from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.paths import internal_uri, table_uri
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -24,7 +24,9 @@ def _settings(pg_dsn, lakehouse, **kw) -> CaptureSettings:
 
 
 def _bronze(lakehouse, schema: str, table: str):
-    return DeltaTable(table_uri(str(lakehouse), "bronze", schema, table)).to_pyarrow_table()
+    uri = internal_uri(str(lakehouse), table) if schema == "_pgcdc" \
+        else table_uri(str(lakehouse), "bronze", schema, table)
+    return DeltaTable(uri).to_pyarrow_table()
 
 
 def test_messages_transactions_tombstones_truncate(pg_dsn, pg_conn, spark, lakehouse) -> None:

@@ -18,7 +18,7 @@ from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError
-from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.paths import internal_uri, table_uri
 from pgcdc_dagster.postgres.slot import current_flush_lsn, slot_info
 from tests.support.compare import assert_silver_equals_source
 
@@ -133,7 +133,7 @@ def test_quiet_capture_on_busy_server_advances_the_slot(pg_dsn, pg_conn, spark, 
     assert _stream_ops(lakehouse, "q") == []  # nothing captured but the slot moved
     assert not os.path.exists(table_uri(str(lakehouse), "bronze", "public", "noise"))
     # Heartbeats are the project's own messages (prefix pgcdc.): never user events.
-    assert not os.path.exists(table_uri(str(lakehouse), "bronze", "_pgcdc", "messages"))
+    assert not os.path.exists(internal_uri(str(lakehouse), "messages"))
 
 
 # --- publication.autocreate.mode -----------------------------------------------------------

@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
-from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.lake.paths import internal_uri, table_uri
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -49,7 +49,7 @@ def test_change_cap_splits_windows_without_loss(pg_dsn, pg_conn, spark, lakehous
     bronze = DeltaTable(table_uri(str(lakehouse), "bronze", "public", "w")).to_pyarrow_table()
     assert bronze.num_rows == 140
     assert pc.count_distinct(pc.struct_field(bronze["key"], "id")).as_py() == 140
-    msgs = DeltaTable(table_uri(str(lakehouse), "bronze", "_pgcdc", "messages")) \
+    msgs = DeltaTable(internal_uri(str(lakehouse), "messages")) \
         .to_pyarrow_table()
     assert sorted(int(m) for m in pc.cast(pc.struct_field(msgs["message"], "content"),
                                           "string").to_pylist()) == list(range(20))
