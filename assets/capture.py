@@ -32,6 +32,7 @@ from assets.keys import (
 )
 from assets.partitions import ensure_partitions
 from assets.slot_hold import hold_slot_for_run
+from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, select_contexts
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
@@ -254,7 +255,8 @@ def _bronze_metadata(run: BronzeRun, ctx: TableContext, before: TableStats, seco
 def meta_table_metadata(stream: StreamReport | None, name: str, uri: str,
                         before: TableStats, seconds: float) -> dict[str, Any]:
     """Metadata of ``bronze/_pgcdc/<name>`` after a run."""
-    counts = stream.events_by_table().get(f"_pgcdc.{name}", {}) if stream is not None else {}
+    counts = stream.events_by_table().get(internal_events_key(name), {}) \
+        if stream is not None else {}
     events = sum(counts.values())
     after = table_stats(uri)
     added = growth(before, after, uri)

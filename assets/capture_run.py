@@ -44,6 +44,7 @@ from assets.checks import CAPTURE_RUN, light_check_results
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
 from assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
+from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
 from pgcdc_dagster.ops.delta_stats import TableStats, table_stats
 from pgcdc_dagster.ops.settings import MonitorSettings
@@ -145,7 +146,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                 **skipped_metadata(run.skipped)}))
         meta_events = run.stream.events_by_table() if run.stream is not None else {}
         for meta_name in META_TABLES:
-            if f"_pgcdc.{meta_name}" not in meta_events:
+            if internal_events_key(meta_name) not in meta_events:
                 continue
             key = meta_key(meta_name)
             uri = lakehouse.internal(meta_name)

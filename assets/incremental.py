@@ -53,6 +53,7 @@ from assets.jobs import INCREMENTAL
 from assets.keys import SLOT_KEY, bronze_key, dep_ins, silver_key, source_key
 from assets.partitions import INCREMENTAL_PARTITIONS, partition_table
 from assets.slot_hold import hold_slot_for_run
+from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.incremental import IncrementalReport, apply_signal, run_incremental
 from pgcdc_dagster.capture.incremental_state import ProgressStore, TableProgress
 from pgcdc_dagster.capture.silver_apply import apply_silver
@@ -169,7 +170,7 @@ def _bronze_events(ctx: TableContext, report: IncrementalReport, before: TableSt
 def _meta_table_events(name: str, uri: str, report: IncrementalReport, before: TableStats,
                        seconds: float) -> dict[str, Any]:
     """Metadata of ``bronze/_pgcdc/<name>`` after an incremental run."""
-    events = sum(sum(s.events_by_table().get(f"_pgcdc.{name}", {}).values())
+    events = sum(sum(s.events_by_table().get(internal_events_key(name), {}).values())
                  for s in report.stream)
     after = table_stats(uri)
     added = growth(before, after, uri)

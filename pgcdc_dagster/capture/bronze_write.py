@@ -51,6 +51,13 @@ from pgcdc_dagster.lake.paths import internal_uri
 SKIPPABLE_OPS = frozenset("cudt")
 
 
+def internal_events_key(name: str) -> str:
+    """The key of a capture-wide table's counts among a window's events by table:
+    ``bronze/_pgcdc/<name>``. Source tables count under ``schema.table``, which always holds
+    a dot, so no source table (a schema ``_pgcdc`` included) shares these counts."""
+    return f"bronze/_pgcdc/{name}"
+
+
 def parse_skipped_operations(value: str) -> frozenset[str]:
     """``skipped.operations``: comma-separated c, u, d, t, or ``none``."""
     ops = {p.strip() for p in value.split(",") if p.strip()}
@@ -307,7 +314,7 @@ class BronzeWindowWriter:
             data = pa.concat_tables(parts)
             _commit_once(table, [write_part(uri, data, "part-stream")], schema, app_id,
                          self._meta_done.get(name), upto, meta, f"bronze/_pgcdc/{name}")
-            counts[f"_pgcdc.{name}"] = {"m" if name == "messages" else "tx": data.num_rows}
+            counts[internal_events_key(name)] = {"m" if name == "messages" else "tx": data.num_rows}
         self._pending.clear()
         self._writing.clear()
         self._messages.clear()

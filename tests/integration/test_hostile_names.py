@@ -29,6 +29,7 @@ import pytest
 from deltalake import DeltaTable
 from psycopg2 import sql
 
+from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, run_silver, select_contexts
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot_state import progress_uri
@@ -202,5 +203,10 @@ def test_hostile_names_converge_inside_the_lakehouse(pg_dsn, pg_conn, spark, tmp
     tx = DeltaTable(internal_uri(str(lake), "transactions")).to_pyarrow_table()
     assert tx.schema.names == TRANSACTIONS_SCHEMA.names and tx.num_rows > 0
     assert set(tx["status"].to_pylist()) == {"BEGIN", "END"}
+    for run in runs[1:]:  # the run's counts: the source table's and the capture's apart
+        assert run.stream is not None
+        counts = run.stream.events_by_table()
+        assert counts[internal_events_key("messages")] == {"m": 1}
+        assert set(counts["_pgcdc.messages"]) == {"c", "u", "d"}
     assert Path(capture_set_uri(str(lake), "hostile")).is_dir()
     assert Path(progress_uri(str(lake), "hostile")).is_dir()
