@@ -88,13 +88,3 @@ def build_jobs(tables: Sequence[tuple[str, str]],
 CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL, CAPTURE_ASSETS)
 """The jobs that read the slot: while one is queued or running, another would only wait."""
 
-
-def run_in_flight(instance: dg.DagsterInstance,
-                  job_names: tuple[str, ...] = CAPTURE_JOBS) -> str | None:
-    """A queued or running run of one of ``job_names`` (``<job> run <id>``), if any."""
-    for job_name in job_names:
-        runs = instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=list(IN_FLIGHT)),
-                                 limit=1)
-        if runs:
-            return f"{job_name} run {runs[0].run_id}"
-    return None
