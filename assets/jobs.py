@@ -87,4 +87,3 @@ def build_jobs(tables: Sequence[tuple[str, str]],
 
 CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL, CAPTURE_ASSETS)
 """The jobs that read the slot: while one is queued or running, another would only wait."""
-
