@@ -493,45 +493,48 @@ def _same(got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
-def _create(conn) -> None:
+def _create(conn, tables: dict[str, tuple[str, str]]) -> None:
     require_extensions(conn, "citext", "ltree", "isn", "hstore", "postgis")
     with conn.cursor() as cur:
         cur.execute("CREATE TYPE test_type AS ENUM ('V1', 'V2')")
-        for table, (columns, _) in TABLES.items():
+        for table, (columns, _) in tables.items():
             cur.execute(f"CREATE TABLE {table} (pk SERIAL PRIMARY KEY, {columns})")
-    _insert(conn)
+    _insert(conn, tables)
 
 
-def _insert(conn) -> None:
+def _insert(conn, tables: dict[str, tuple[str, str]]) -> None:
     with conn.cursor() as cur:
-        for table, (_, values) in TABLES.items():
+        for table, (_, values) in tables.items():
             cur.execute(f"INSERT INTO {table} {values}")
 
 
-def test_bronze_matches_debezium_expectations(pg_dsn, pg_conn, spark, lakehouse):
-    """Every column of Debezium's records-producer tables: the bronze Connect schema and the
-    stored value equal Debezium's expectation, for the snapshot row (op r, pk 1) and the
-    streamed insert of the same values (op c, pk 2); column defaults reach the Delta field
-    metadata and the Debezium JSON export schema."""
-    _create(pg_conn)
+def _capture(pg_dsn, pg_conn, spark, lakehouse, tables: dict[str, tuple[str, str]],
+             modes: TypeModes, slot: str) -> dict[str, Any]:
+    """Snapshot the tables' first rows, stream the same inserts again; the contexts."""
+    _create(pg_conn, tables)
     settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse),
-                               include=tuple(f"public\\.{t}" for t in TABLES),
-                               slot="dbzparity", publication="dbzparity", modes=TypeModes())
+                               include=tuple(f"public\\.{t}" for t in tables),
+                               slot=slot, publication=slot, modes=modes)
     run_bronze(settings, spark, force_snapshot_step=True)
-    _insert(pg_conn)
+    _insert(pg_conn, tables)
     run_bronze(settings, spark, force_snapshot_step=False)
     contexts = {ctx.relation.name: ctx for ctx in load_contexts(settings)}
-    assert sorted(contexts) == sorted(TABLES)
+    assert sorted(contexts) == sorted(tables)
+    return contexts
 
+
+def _mismatches(contexts: dict[str, Any],
+                expected: dict[str, dict[str, tuple[dict[str, Any], Any]]]) -> list[str]:
+    """Every expected column's schema and snapshot/stream value against bronze."""
     mismatches: list[str] = []
-    for table, expected in EXPECTED.items():
+    for table, columns in expected.items():
         ctx = contexts[table]
         schemas = {c.bronze_field.name: c.connect_schema() for c in ctx.converters}
         rows = DeltaTable(ctx.bronze_uri).to_pyarrow_table(
             columns=["op", "after"]).to_pylist()
         images = {("snapshot" if r["op"] == "r" else "stream"): r["after"] for r in rows}
         assert sorted(images) == ["snapshot", "stream"], (table, [r["op"] for r in rows])
-        for column, (want_schema, want_value) in expected.items():
+        for column, (want_schema, want_value) in columns.items():
             got_schema = _subset(schemas[column])
             if got_schema != want_schema:
                 mismatches.append(f"{table}.{column} schema {got_schema} != {want_schema}")
@@ -541,6 +544,10 @@ def test_bronze_matches_debezium_expectations(pg_dsn, pg_conn, spark, lakehouse)
                 if column == "pk":
                     want_value = 1 if how == "snapshot" else 2
                 got = _decimal(schemas[column], image[column])
+                if schemas[column]["type"] == "map" or (
+                        schemas[column]["type"] == "array"
+                        and schemas[column]["items"]["type"] == "map"):
+                    got = _maps(got)
                 if not _same(got, want_value):
                     mismatches.append(f"{table}.{column} {how}: {got!r} != {want_value!r}")
         for column in (c for t, c in RANGE_CHECKED if t == table):
@@ -552,6 +559,25 @@ def test_bronze_matches_debezium_expectations(pg_dsn, pg_conn, spark, lakehouse)
                     ok = got in ("-4713-12-31T23:59:59.999999Z", "-4713-11-23T23:59:59.999999Z")
                 if not ok:
                     mismatches.append(f"{table}.{column} {how}: {got!r} out of range")
+    return mismatches
+
+
+def _maps(value: Any) -> Any:
+    """Arrow map values (lists of key/value pairs) as dicts."""
+    if value is None:
+        return None
+    if value and isinstance(value[0], list):
+        return [_maps(v) for v in value]
+    return dict(value)
+
+
+def test_bronze_matches_debezium_expectations(pg_dsn, pg_conn, spark, lakehouse):
+    """Every column of Debezium's records-producer tables: the bronze Connect schema and the
+    stored value equal Debezium's expectation, for the snapshot row (op r, pk 1) and the
+    streamed insert of the same values (op c, pk 2); column defaults reach the Delta field
+    metadata and the Debezium JSON export schema."""
+    contexts = _capture(pg_dsn, pg_conn, spark, lakehouse, TABLES, TypeModes(), "dbzparity")
+    mismatches = _mismatches(contexts, EXPECTED)
     assert not mismatches, "\n".join(mismatches)
 
     # Defaults live in the bronze Delta field metadata and reach the export's schema.
@@ -572,3 +598,62 @@ def test_bronze_matches_debezium_expectations(pg_dsn, pg_conn, spark, lakehouse)
 
 def _as_pyarrow(schema: Any) -> Any:
     return schema if isinstance(schema, pa.Schema) else pa.schema(schema)
+
+
+# --- the other handling modes Debezium's tests cover -----------------------------------------
+
+MODE_TABLES: dict[str, tuple[str, str]] = {
+    "numeric_decimal_table": (
+        "d DECIMAL(3,2), dzs DECIMAL(4), dvs DECIMAL, n NUMERIC(6,4), nzs NUMERIC(4), "
+        "nvs NUMERIC, d_int DECIMAL(3,2), dzs_int DECIMAL(4), dvs_int DECIMAL, "
+        "n_int NUMERIC(6,4), nzs_int NUMERIC(4), nvs_int NUMERIC, d_nan DECIMAL(3,2), "
+        "dvs_nan DECIMAL, nvs_nan NUMERIC",
+        "(d, dzs, dvs, n, nzs, nvs, d_int, dzs_int, dvs_int, n_int, nzs_int, nvs_int, d_nan, "
+        "dvs_nan, nvs_nan) VALUES (1.1, 10.11, 10.1111, 22.22, 22.2, 22.2222, 1, 10, 10, 22, 22, "
+        "22, 'NaN', 'Infinity', '-Infinity')"),
+    "hstore_table_mul": TABLES["hstore_table_mul"],
+    "bytea_binmode_table": (
+        "ba BYTEA, bytea_array BYTEA[]",
+        "(ba, bytea_array) VALUES ('\\x010203'::bytea, "
+        "array['\\x000102'::bytea, '\\x030405'::bytea])"),
+    "circle_table": ("ccircle circle", "(ccircle) VALUES ('((10, 20),10)'::circle)"),
+    "cash_table": ("csh MONEY, neg MONEY, nul MONEY", "(csh, neg, nul) VALUES "
+                   "('$1234.11', '($1234.11)', NULL)"),
+}
+MAP = S("map")
+MODE_EXPECTED: dict[str, dict[str, tuple[dict[str, Any], Any]]] = {
+    # decimal.handling.mode = string (schemasAndValuesForStringEncodedNumericTypes[WithInfinity])
+    "numeric_decimal_table": {
+        **{c: (S("string"), v) for c, v in (
+            ("d", "1.10"), ("dzs", "10"), ("dvs", "10.1111"), ("n", "22.2200"), ("nzs", "22"),
+            ("nvs", "22.2222"), ("d_int", "1.00"), ("dzs_int", "10"), ("dvs_int", "10"),
+            ("n_int", "22.0000"), ("nzs_int", "22"), ("nvs_int", "22"), ("d_nan", "NAN"),
+            ("dvs_nan", "POSITIVE_INFINITY"), ("nvs_nan", "NEGATIVE_INFINITY"))},
+    },
+    # hstore.handling.mode = map (schemaAndValueFieldForMapEncodedHStoreTypeWithMultipleValues)
+    "hstore_table_mul": {
+        "hs": (MAP, {"key1": "val1", "key2": "val2", "key3": "val3"}),
+        "hsarr": (S("array", items=MAP), [{"key4": "val4", "key5": None}, {"key6": "val6"}]),
+    },
+    # binary.handling.mode = hex (schemaAndValueForByteaHex)
+    "bytea_binmode_table": {
+        "ba": (S("string"), "010203"),
+        "bytea_array": (S("array", items=S("string")), ["000102", "030405"]),
+    },
+    # include.unknown.datatypes = true with hex (schemaAndValueForUnknownColumnHex). Deliberate
+    # deviation (docs/types.md): the octets of PostgreSQL's text output, "<(10,20),10>";
+    # Debezium's are the JDBC driver's PGcircle text, "<(10.0,20.0),10.0>".
+    "circle_table": {"ccircle": (S("string"), b"<(10,20),10>".hex())},
+    # money in string mode: Java's Double.toString of the amount
+    "cash_table": {"csh": (S("string"), "1234.11"), "neg": (S("string"), "-1234.11"),
+                   "nul": (S("string"), None)},
+}
+
+
+def test_handling_modes_match_debezium_expectations(pg_dsn, pg_conn, spark, lakehouse):
+    """Debezium's expectations in its other modes (string decimals with NaN and infinities,
+    hstore as MAP, bytea and unknown types in hex), by snapshot and by stream."""
+    modes = TypeModes(decimal="string", hstore="map", binary="hex", include_unknown=True)
+    contexts = _capture(pg_dsn, pg_conn, spark, lakehouse, MODE_TABLES, modes, "dbzmodes")
+    mismatches = _mismatches(contexts, MODE_EXPECTED)
+    assert not mismatches, "\n".join(mismatches)
