@@ -3,6 +3,7 @@ is what the engine uses), with the engine's defaults (CFG- items: window bounds)
 
 from __future__ import annotations
 
+import dagster as dg
 import pytest
 
 from pgcdc_dagster.capture.settings import CaptureSettings
@@ -27,3 +28,21 @@ def test_window_fields_reach_the_engine() -> None:
                           time_budget_seconds=7.5).settings("dbname=x", "/lake")
     assert (got.window_max_bytes, got.window_max_changes, got.window_portion_changes,
             got.max_windows, got.time_budget_s) == (1 << 20, 123, 45, 6, 7.5)
+
+
+def test_plugin_name_reaches_the_engine(monkeypatch) -> None:
+    """plugin.name: the resource field (PGCDC_PLUGIN_NAME in the shipped definitions) reaches
+    the engine; an unsupported name is refused with the supported ones."""
+    from pgcdc_dagster.definitions import default_resources
+    from pgcdc_dagster.exceptions import ConfigurationError
+
+    assert CaptureResource().settings("dbname=x", "/lake").plugin_name == "pgoutput"
+    got = CaptureResource(plugin_name="wal2json").settings("dbname=x", "/lake")
+    assert got.plugin_name == "wal2json"
+    with pytest.raises(ConfigurationError, match="decoderbufs, wal2json, yboutput"):
+        CaptureResource(plugin_name="wal2json_rds").settings("dbname=x", "/lake")
+    monkeypatch.setenv("PGCDC_PLUGIN_NAME", "decoderbufs")
+    capture = default_resources()["capture"]
+    assert isinstance(capture, CaptureResource)
+    env = capture.plugin_name
+    assert isinstance(env, dg.EnvVar) and env.get_value() == "decoderbufs"
