@@ -3,13 +3,18 @@
 * **Compaction** rewrites, sorted by key, groups of files in key order: files whose key ranges
   overlap (silver: a batch's inserts inside a stored range), silver files over twice the
   target size (a snapshot's chunk files: split), and runs of small files (below half the target
-  size) up to the target size. Rows are moved, never changed: the commit
-  removes and adds files with ``dataChange = false`` and carries no app transaction, so
-  the tables' exactly-once markers (``txn`` actions, kept by log replay and by checkpoints)
-  are untouched. A micro-batch that committed first and removed one of the group's files
-  makes the compaction commit fail (delta-rs checks removed files against the read
-  version): the group is left for the next run and nothing is lost or doubled; the other
-  way round, the micro-batch's commit fails and it runs again (``lake/silver.py``).
+  size) up to the target size. Rows are moved, never changed, and the commit carries no
+  app transaction, so the tables' exactly-once markers (``txn`` actions, kept by log replay
+  and by checkpoints) are untouched. A micro-batch that committed first and removed one of
+  the group's files makes the compaction commit fail (delta-rs checks removed files
+  against the read version): the group is left for the next run. The other way round,
+  delta-rs 1.6.6 refuses the micro-batch's commit only if the compaction's removals are
+  marked ``dataChange = true``: it ignores ``dataChange = false`` removals in its conflict
+  check (measured, its own OPTIMIZE included: the stale rewrite commits and the rows of the
+  rewritten files are doubled). Silver's compaction commits are therefore
+  ``dataChange = true``; the micro-batch then runs again (``lake/silver.py``). Bronze's
+  stay ``dataChange = false`` (no writer removes bronze files but compaction; a streaming
+  reader of bronze sees no new data).
 * Bronze is compacted only among the files silver has already applied (present at the
   bronze version silver's app transaction records), in commit order, and the compacted
   files are named ``compact-…``: silver's catch-up takes the files a bronze version added
@@ -121,10 +126,11 @@ def compaction_groups(files: Sequence[StoredFile], target_bytes: int, *,
 
 def compact(uri: str, keys: Sequence[str], target_bytes: int, *,
             eligible: set[str] | None = None, repair_overlaps: bool = True,
-            now_ms: int | None = None) -> CompactionResult:
+            data_change: bool = True, now_ms: int | None = None) -> CompactionResult:
     """Compact the table at ``uri`` (module docstring); ``eligible`` limits the files
-    considered (bronze: those silver has applied). ``now_ms`` is the removal time recorded
-    (vacuum's clock)."""
+    considered (bronze: those silver has applied). ``data_change`` is the flag of the
+    commit's actions (module docstring: why silver's are true). ``now_ms`` is the removal
+    time recorded (vacuum's clock)."""
     result = CompactionResult()
     table = open_table(uri)
     if table is None:
@@ -137,7 +143,7 @@ def compact(uri: str, keys: Sequence[str], target_bytes: int, *,
     for group in compaction_groups(files, target_bytes, repair_overlaps=repair_overlaps):
         data = pa.concat_tables([read_file(uri, f.path, schema) for f in group])
         added = write_clustered(uri, data, keys, per_file, COMPACT_PREFIX)
-        if not _commit_rewrite(table, group, added, now_ms):
+        if not _commit_rewrite(table, group, added, data_change, now_ms):
             delete_files(uri, added)
             result.conflicts += 1
             table.update_incremental()
@@ -151,12 +157,12 @@ def compact(uri: str, keys: Sequence[str], target_bytes: int, *,
 
 
 def _commit_rewrite(table: DeltaTable, removed: Sequence[StoredFile],
-                    added: Sequence[DataFile], now_ms: int | None) -> bool:
+                    added: Sequence[DataFile], data_change: bool, now_ms: int | None) -> bool:
     """Swap ``removed`` for ``added`` (same rows): False when a concurrent commit won."""
     now = now_ms if now_ms is not None else int(time.time() * 1000)
     actions: list[AddAction | RemoveAction] = [
-        RemoveAction(f.path, False, now, f.size, {}) for f in removed]
-    actions += [AddAction(f.path, f.size, {}, now, False, f.stats) for f in added]
+        RemoveAction(f.path, data_change, now, f.size, {}) for f in removed]
+    actions += [AddAction(f.path, f.size, {}, now, data_change, f.stats) for f in added]
     ensure_safe_commits(table.table_uri)
     try:
         table.create_write_transaction(
@@ -204,7 +210,7 @@ def compact_bronze(bronze_uri: str, silver_uri: str, silver_app_id: str, target_
     if applied is None or open_table(bronze_uri) is None:
         return CompactionResult()
     return compact(bronze_uri, BRONZE_ORDER, target_bytes, eligible=files_at(bronze_uri, applied),
-                   repair_overlaps=False, now_ms=now_ms)
+                   repair_overlaps=False, data_change=False, now_ms=now_ms)
 
 
 def last_compaction_ms(uri: str, limit: int = 200) -> int | None:

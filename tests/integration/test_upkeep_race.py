@@ -100,6 +100,8 @@ def test_upkeep_racing_microbatches(pg_dsn, pg_conn, spark, lakehouse) -> None:
     run_bronze(settings, spark, force_snapshot_step=False)
     run_silver(settings, spark)
     assert_silver_equals_source(pg_conn, silver_uri, "public", "items", ["id"])
+    ids = DeltaTable(silver_uri).to_pyarrow_table(columns=["id"])["id"].to_pylist()
+    assert len(ids) == len(set(ids))  # no row doubled by a lost race
     events = DeltaTable(bronze_uri).to_pyarrow_table(columns=["op", "__commit_lsn", "__ordinal"])
     ops = Counter(events["op"].to_pylist())
     assert ops["r"] == 3000 and ops["c"] + ops["u"] + ops["d"] == changes

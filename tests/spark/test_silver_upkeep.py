@@ -15,10 +15,12 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
 from pgcdc_dagster.cdc.changes import Column, Relation
 from pgcdc_dagster.lake.data_files import read_file, stored_files
 from pgcdc_dagster.lake.silver import META_FIELDS, merge_batch
+from pgcdc_dagster.lake.silver_rewrite import apply_rewrite
 from pgcdc_dagster.lake.upkeep import checkpoint, compact, vacuum
 from tests.support.delta_log import commit_actions, last_commit_files
 
@@ -94,7 +96,8 @@ def test_merge_compaction_vacuum_and_readers(spark, tmp_path) -> None:
         assert (np.diff(ids) > 0).all() and (f.low, f.high) == (ids[0], ids[-1])
     actions = commit_actions(uri, after.version())
     assert not [a for a in actions if "txn" in a]  # compaction records no app transaction
-    assert all(not a[k]["dataChange"] for a in actions for k in ("add", "remove") if k in a)
+    # dataChange = true: delta-rs ignores dataChange = false removals in its conflict check
+    assert all(a[k]["dataChange"] for a in actions for k in ("add", "remove") if k in a)
     assert after.transaction_version(APP) == 7
 
     # Checkpoint: the table opens from it with its app transaction.
@@ -129,3 +132,28 @@ def test_merge_compaction_vacuum_and_readers(spark, tmp_path) -> None:
     assert _content(pa.table(duck)) == expected
     sdf = spark.read.parquet(*files).select("id", "name", "__deleted")
     assert sorted(tuple(r) for r in sdf.collect()) == expected
+
+
+def test_a_batch_that_loses_a_commit_race_to_compaction_is_refused_then_redone(tmp_path
+                                                                              ) -> None:
+    """The batch was planned on a version whose files compaction then replaced: delta-rs
+    refuses its commit (it removes a file already removed), the files it wrote are deleted,
+    and merge_batch's retry applies it once on the new version."""
+    uri = str(tmp_path / "silver")
+    for version, start in enumerate(range(0, 400, 100), start=1):  # four small files
+        _merge(uri, _rows(list(range(start, start + 100)), 100 + version), version)
+    stale = DeltaTable(uri)
+    assert compact(uri, ["id"], TARGET).files_removed == 4
+    on_disk = set((tmp_path / "silver").glob("*.parquet"))
+    source = _rows([5, 250], 500).append_column(
+        "__toast_unchanged", pa.nulls(2, pa.list_(pa.string())))
+    with pytest.raises(CommitFailedError):
+        apply_rewrite(stale, uri, source, keys=["id"], toastable=["name"], app_id=APP,
+                      version=5, metadata=None, target_file_bytes=TARGET)
+    assert set((tmp_path / "silver").glob("*.parquet")) == on_disk  # its files deleted
+    assert DeltaTable(uri).transaction_version(APP) == 4  # nothing of it committed
+    _merge(uri, _rows([5, 250], 500), 5)
+    rows = DeltaTable(uri).to_pyarrow_table()
+    assert rows.num_rows == 400 and DeltaTable(uri).transaction_version(APP) == 5
+    names = dict(zip(rows["id"].to_pylist(), rows["name"].to_pylist(), strict=True))
+    assert names[5] == "name 5 at 500" and names[250] == "name 250 at 500"
