@@ -11,7 +11,14 @@ import pytest
 from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST
 from pgcdc_dagster.cdc.pgoutput.assembler import Assembler
 from pgcdc_dagster.cdc.plugins import check_plugin
-from pgcdc_dagster.cdc.plugins.decoderbufs import DecoderbufsTranslator, _date, _money, fields
+from pgcdc_dagster.cdc.plugins.decoderbufs import (
+    DecoderbufsTranslator,
+    _date,
+    _money,
+    _split_table,
+    fields,
+)
+from pgcdc_dagster.cdc.plugins.decoderbufs import _datum as parse_datum
 from pgcdc_dagster.cdc.plugins.pgwire import TableInfo, WindowMessages, relation_of
 from pgcdc_dagster.cdc.plugins.wal2json import Wal2JsonTranslator
 from pgcdc_dagster.exceptions import ConfigurationError, DecodeError
@@ -46,6 +53,10 @@ def _datum(name: str, oid: int, kind: int | None = None, value: object = None) -
     elif kind in (3, 4, 11):
         out += _key(kind, 0) + _varint(int(value))  # type: ignore[arg-type]
     return out
+
+
+def _datum_bytes(name: str, oid: int, value: object, kind: int = 8) -> bytes:
+    return _datum(name, oid, kind, value)  # the test's builder, not the parser
 
 
 def _row(op: int, new: list[bytes] = (), old: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
@@ -91,6 +102,12 @@ def test_decoderbufs_values_back_to_text():
     assert _money(-123411) == "-$1,234.11" and _money(5) == "$0.05"
     with pytest.raises(DecodeError, match="truncated"):
         list(fields(_key(1, 2) + _varint(10) + b"abc"))
+    # names are quote_identifier output: quoted ones keep dots, quotes and case
+    assert _split_table('"My.Schema"."T""x"') == ("My.Schema", 'T"x')
+    assert parse_datum(_datum_bytes('"Mixed Case"', 25, "v")) == ("Mixed Case", "v")
+    # the one-pass reader and the general one agree (2-byte oid, long string, big int)
+    for oid, kind, value in ((3802, 8, "{}"), (25, 8, "x" * 300), (20, 4, 2**40), (23, 3, -5)):
+        assert parse_datum(_datum_bytes("c", oid, value, kind))[1] == str(value)
 
 
 def test_wal2json_rows_become_pgoutput():
