@@ -16,7 +16,6 @@ from pgcdc_dagster.cdc.plugins.decoderbufs import (
     _date,
     _money,
     _split_table,
-    fields,
 )
 from pgcdc_dagster.cdc.plugins.decoderbufs import _datum as parse_datum
 from pgcdc_dagster.cdc.plugins.pgwire import TableInfo, WindowMessages, relation_of
@@ -100,12 +99,15 @@ def test_decoderbufs_transaction_becomes_pgoutput():
 def test_decoderbufs_values_back_to_text():
     assert _date(-1) == "1969-12-31" and _date(-719_528) == "0001-01-01 BC"
     assert _money(-123411) == "-$1,234.11" and _money(5) == "$0.05"
-    with pytest.raises(DecodeError, match="truncated"):
-        list(fields(_key(1, 2) + _varint(10) + b"abc"))
+    tr = DecoderbufsTranslator(WindowMessages({}), window_end=10)
+    with pytest.raises(DecodeError, match="not a RowMessage"):
+        tr.translate(1, _key(3, 2) + _varint(10) + b"abc")  # truncated
+    with pytest.raises(DecodeError, match="no operation or table"):
+        tr.translate(1, _key(1, 0) + _varint(5))
     # names are quote_identifier output: quoted ones keep dots, quotes and case
     assert _split_table('"My.Schema"."T""x"') == ("My.Schema", 'T"x')
     assert parse_datum(_datum_bytes('"Mixed Case"', 25, "v")) == ("Mixed Case", "v")
-    # the one-pass reader and the general one agree (2-byte oid, long string, big int)
+    # varint widths: 2-byte oid, long string, big and negative integers
     for oid, kind, value in ((3802, 8, "{}"), (25, 8, "x" * 300), (20, 4, 2**40), (23, 3, -5)):
         assert parse_datum(_datum_bytes("c", oid, value, kind))[1] == str(value)
 

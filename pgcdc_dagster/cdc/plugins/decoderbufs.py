@@ -1,7 +1,8 @@
 """decoderbufs rows (Protobuf ``RowMessage``) -> pgoutput protocol-1 messages.
 
-The message layout is decoderbufs' ``proto/pg_logicaldec.proto``; there is no protoc here, so
-a small reader walks the wire format (varint and length-delimited fields, 32/64-bit fixed):
+The message layout is decoderbufs' ``proto/pg_logicaldec.proto``. There is no protoc here:
+the message classes are built at import from a descriptor written out in :mod:`.pbschema`,
+and the ``protobuf`` runtime (upb, installed with Dagster, pinned) parses the rows:
 
 - ``RowMessage``: 1 transaction_id (varint), 2 commit_time (varint, µs since the Unix
   epoch), 3 table (string, ``quote_qualified_identifier``), 4 op (varint: 0 INSERT, 1 UPDATE,
@@ -31,12 +32,12 @@ decoding messages are sent by decoderbufs.
 from __future__ import annotations
 
 import math
-import struct
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError as DecodeProtobufError
 
+from pgcdc_dagster.cdc.plugins.pbschema import DATUM, ROW
 from pgcdc_dagster.cdc.plugins.pgwire import (
     MISSING,
     Value,
@@ -52,50 +53,6 @@ _BYTEA, _DATE, _TIME, _TIMESTAMP, _TIMESTAMPTZ, _TIMETZ, _INTERVAL, _MONEY = (
     17, 1082, 1083, 1114, 1184, 1266, 1186, 790)
 _FLOAT4 = 700
 _US_PER_DAY = 86_400_000_000
-
-
-def fields(buf: bytes, pos: int = 0, end: int | None = None) -> Iterator[tuple[int, Any]]:
-    """(field number, value) of a Protobuf message: ints for varint and fixed fields
-    (fixed ones as raw bytes), ``bytes`` for length-delimited ones.
-
-    Raises:
-        DecodeError: a truncated message or an unknown wire type.
-    """
-    end = len(buf) if end is None else end
-    while pos < end:
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        value: int | bytes
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
-            value, pos = buf[pos:pos + size], pos + size
-        elif wire in (1, 5):
-            width = 8 if wire == 1 else 4
-            value, pos = buf[pos:pos + width], pos + width
-        else:
-            raise DecodeError(f"decoderbufs: unknown Protobuf wire type {wire} at {pos}")
-        if pos > end:
-            raise DecodeError("decoderbufs: truncated Protobuf message")
-        yield number, value
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise DecodeError("decoderbufs: truncated varint")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-
-
-def _signed(value: int, bits: int) -> int:
-    return value - (1 << bits) if value >= 1 << (bits - 1) else value
 
 
 def _unquote(name: str) -> str:
@@ -157,81 +114,55 @@ def _interval(us: float) -> str:
     return f"{days} days {_clock(rest)}" if days else _clock(rest)
 
 
+def _float4(value: float) -> str:
+    text = str(np.float32(value))
+    return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(text, text)
+
+
+def datum_value(d: Any) -> tuple[str, Value]:
+    """(column name, text value) of one ``DatumMessage``."""
+    oid = d.column_type
+    kind = d.WhichOneof("datum")
+    value: Value
+    if kind is None:
+        value = None
+    elif kind == "datum_string":
+        value = d.datum_string
+    elif kind == "datum_int32":
+        value = _date(d.datum_int32) if oid == _DATE else str(d.datum_int32)
+    elif kind == "datum_int64":
+        v = d.datum_int64
+        value = (_timestamp(v) if oid == _TIMESTAMP else
+                 _timestamp(v, "+00") if oid == _TIMESTAMPTZ else
+                 _clock(v) if oid == _TIME else _money(v) if oid == _MONEY else str(v))
+    elif kind == "datum_bool":
+        value = "t" if d.datum_bool else "f"
+    elif kind == "datum_double":
+        v = d.datum_double
+        value = (_clock(round(v) % _US_PER_DAY) + "+00" if oid == _TIMETZ else
+                 _interval(v) if oid == _INTERVAL else _float(v))
+    elif kind == "datum_float":
+        value = _float4(d.datum_float)
+    elif kind == "datum_bytes":
+        raw = d.datum_bytes
+        value = "\\x" + raw.hex() if oid == _BYTEA else raw.decode()
+    elif kind == "datum_point":
+        value = f"({_float(d.datum_point.x)},{_float(d.datum_point.y)})"
+    else:  # datum_missing (decoderbufs 2.x): an unchanged TOAST value
+        value = MISSING if d.datum_missing else None
+    return _unquote(d.column_name), value
+
+
 def _datum(buf: bytes) -> tuple[str, Value]:
-    name, oid, value = "", 0, None  # type: tuple[str, int, Value]
-    fast = _simple_datum(buf)
-    if fast is not None:
-        return fast
-    for number, raw in fields(buf):
-        if number == 1:
-            name = _unquote(raw.decode())
-        elif number == 2:
-            oid = raw
-        elif number == 3:
-            v = _signed(raw, 64)
-            value = _date(v) if oid == _DATE else str(v)
-        elif number == 4:
-            v = _signed(raw, 64)
-            value = (_timestamp(v) if oid == _TIMESTAMP else
-                     _timestamp(v, "+00") if oid == _TIMESTAMPTZ else
-                     _clock(v) if oid == _TIME else _money(v) if oid == _MONEY else str(v))
-        elif number == 5:
-            value = str(np.frombuffer(raw, "<f4")[0]) if oid == _FLOAT4 else \
-                _float(struct.unpack("<f", raw)[0])
-            value = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(value, value)
-        elif number == 6:
-            v = struct.unpack("<d", raw)[0]
-            value = (_clock(round(v) % _US_PER_DAY) + "+00" if oid == _TIMETZ else
-                     _interval(v) if oid == _INTERVAL else _float(v))
-        elif number == 7:
-            value = "t" if raw else "f"
-        elif number == 8:
-            value = raw.decode()
-        elif number == 9:
-            value = "\\x" + raw.hex() if oid == _BYTEA else raw.decode()
-        elif number == 10:
-            point = dict(fields(raw))
-            x, y = (struct.unpack("<d", point[k])[0] for k in (1, 2))
-            value = f"({_float(x)},{_float(y)})"
-        elif number == 11 and raw:
-            value = MISSING
-    return name, value
+    """:func:`datum_value` of a serialized ``DatumMessage``."""
+    return datum_value(_parse(DATUM, buf))
 
 
-def _simple_datum(buf: bytes) -> tuple[str, Value] | None:
-    """The common datum in one pass: a short name (1), a one- or two-byte type oid (2) and a
-    string (8), a small int32/int64 (3, 4) or no value (NULL); None for anything else."""
-    if len(buf) < 4 or buf[0] != 0x0A or buf[1] >= 0x80:
-        return None
-    end = 2 + buf[1]
-    raw_name = buf[2:end]
-    if raw_name[:1] == b'"' or buf[end:end + 1] != b"\x10":
-        return None
-    oid = buf[end + 1]
-    pos = end + 2
-    if oid >= 0x80:
-        oid = (oid & 0x7F) | (buf[pos] << 7)
-        if buf[pos] >= 0x80:
-            return None
-        pos += 1
-    if oid in _CONVERTED:
-        return None
-    name = raw_name.decode()
-    if pos == len(buf):
-        return name, None
-    tag = buf[pos]
-    if tag == 0x42 and pos + 1 < len(buf) and buf[pos + 1] < 0x80 \
-            and pos + 2 + buf[pos + 1] == len(buf):  # string, length < 128
-        return name, buf[pos + 2:].decode()
-    if tag in (0x18, 0x20) and len(buf) - pos <= 5 and buf[-1] < 0x80 \
-            and all(b >= 0x80 for b in buf[pos + 1:-1]):  # small non-negative int
-        return name, str(_varint(buf, pos + 1)[0])
-    return None
-
-
-_CONVERTED = frozenset({_BYTEA, _DATE, _TIME, _TIMESTAMP, _TIMESTAMPTZ, _TIMETZ, _INTERVAL,
-                        _MONEY, 600})
-"""Types whose decoderbufs value is not their text output (600: point)."""
+def _parse(cls: Any, data: bytes) -> Any:
+    try:
+        return cls.FromString(data)
+    except DecodeProtobufError as exc:
+        raise DecodeError(f"decoderbufs: not a {cls.DESCRIPTOR.name} ({exc})") from None
 
 
 class DecoderbufsTranslator:
@@ -251,15 +182,10 @@ class DecoderbufsTranslator:
         Raises:
             DecodeError: a row that is not a decoderbufs RowMessage.
         """
-        row: dict[int, Any] = {5: [], 6: []}
-        for number, value in fields(data):
-            if number in (5, 6):
-                row[number].append(value)
-            else:
-                row[number] = value
-        op = row.get(4)
+        row = _parse(ROW, data)
+        op = row.op if row.HasField("op") else None
         if op == _BEGIN:
-            self._txn, self._xid, self._time = [], int(row.get(1, 0)), int(row.get(2, 0))
+            self._txn, self._xid, self._time = [], row.transaction_id, row.commit_time
             return []
         if op == _COMMIT:
             commit_lsn = min(lsn, self.window_end) - 1
@@ -268,14 +194,14 @@ class DecoderbufsTranslator:
                    (lsn, commit(commit_lsn, lsn, self._time))]
             self._txn = []
             return out
-        if op not in (_INSERT, _UPDATE, _DELETE) or 3 not in row:
+        if op not in (_INSERT, _UPDATE, _DELETE) or not row.HasField("table"):
             raise DecodeError(f"decoderbufs row at {lsn:X} has no operation or table "
                               f"(op {op!r})")
-        info = self.out.info(*_split_table(row[3].decode()))
+        info = self.out.info(*_split_table(row.table))
         if info is None:
             return []
-        new = dict(_datum(d) for d in row[5])
-        old = dict(_datum(d) for d in row[6])
+        new = dict(datum_value(d) for d in row.new_tuple)
+        old = dict(datum_value(d) for d in row.old_tuple)
         if op == _INSERT:
             msgs = self.out.insert(info, new)
         elif op == _UPDATE:
