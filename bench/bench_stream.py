@@ -13,7 +13,13 @@ not rates). ``--stages`` adds the time spent per stage (wall time inside each fu
 portions are converted inside the peek and Parquet parts are written by a background
 thread, so stages overlap and do not add up to the total).
 
+``--whole-process`` adds, next to the engine figure, the same changes read by a whole
+``dagster job execute -m pgcdc_dagster.definitions -j cdc_microbatch`` process (fresh
+``DAGSTER_HOME``, default instance, its own slot over the same WAL): its rate ÷ the raw peek
+(issue 16 target: >= 0.15) and the process's peak RSS (target without Spark: < 400 MB).
+
     .venv/bin/python bench/bench_stream.py [--changes 1000000] [--repeat 3] [--stages]
+        [--whole-process]
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import functools
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +42,7 @@ from typing import Any
 import psycopg2
 from deltalake import DeltaTable
 
+import pgcdc_dagster.postgres.local_cluster as local_cluster_module
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.lake.paths import table_uri
@@ -178,6 +186,41 @@ def loop_latency(settings: CaptureSettings, cur: Any, samples: int, interval: fl
           f"over {samples} changes")
 
 
+_RSS = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+        "print('MAXRSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
+        "file=sys.stderr); sys.exit(p.returncode)")
+"""Runs a command and prints the peak RSS (KiB) of its largest process."""
+
+
+class WholeProcess:
+    """A second capture of the same tables, run by the Dagster CLI as a user runs it."""
+
+    def __init__(self, root: Path, dsn: str) -> None:
+        home = root / "dagster_home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        self.env = {**os.environ, "PGCDC_PG_DSN": dsn, "PGCDC_LAKEHOUSE": str(root / "lake_job"),
+                    "PGCDC_TABLES": "public\\..*", "PGCDC_SLOT": "bench_job",
+                    "PGCDC_PUBLICATION": "bench", "DAGSTER_HOME": str(home),
+                    "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+        self.cwd = Path(local_cluster_module.__file__).resolve().parents[2]
+
+    def run(self, job: str) -> tuple[float, int]:
+        """Seconds and peak RSS (bytes) of one ``dagster job execute``."""
+        cli = Path(sys.executable).parent / "dagster"
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-c", _RSS, str(cli), "job", "execute", "-m",
+             "pgcdc_dagster.definitions", "-j", job],
+            env=self.env, cwd=self.cwd, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if proc.returncode != 0 or "RUN_SUCCESS" not in proc.stdout + proc.stderr:
+            sys.exit(f"{job} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        rss = [int(line.split()[1]) for line in proc.stderr.splitlines()
+               if line.startswith("MAXRSS ")]
+        return seconds, rss[-1] * 1024 if rss else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--changes", type=int, default=1_000_000)
@@ -195,6 +238,8 @@ def main() -> None:
                         help="window_max_bytes in MiB (default: the product default)")
     parser.add_argument("--window-changes", type=int, default=-1,
                         help="window_max_changes (default: the product default)")
+    parser.add_argument("--whole-process", action="store_true",
+                        help="also time a whole dagster job execute of the same changes")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if args.stages:
@@ -220,6 +265,9 @@ def main() -> None:
         spark = build_session()
         run_bronze(settings, spark, force_snapshot_step=True)
         run_silver(settings, spark)
+        whole = WholeProcess(root, cluster.dsn) if args.whole_process else None
+        if whole is not None:  # its slot and baseline, before the changes
+            whole.run("initial_snapshot")
         per = args.changes // 4
         changes = per * 4
         ratios: list[tuple[float, float, tuple[float, float, float]]] = []
@@ -253,6 +301,11 @@ def main() -> None:
                 for w in report.stream.windows))
             for label, seconds in STAGES.items():
                 print(f"    {label:48s} {seconds:6.2f} s")
+            if whole is not None:
+                job_s, rss = whole.run("cdc_microbatch")
+                print(f"  whole process (dagster job execute -j cdc_microbatch): "
+                      f"{changes / job_s:,.0f} changes/s ({job_s:.1f} s), ratio "
+                      f"{changes / job_s / raw_rate:.3f}, peak RSS {rss / 2**20:.0f} MiB")
         if args.repeat > 1:
             values = [r[0] for r in ratios]
             print(f"ratio over {args.repeat} rounds: best {max(values):.3f}, "
