@@ -118,5 +118,5 @@ def test_resource_fields_reach_delta_rs_and_pyarrow(s3_server, monkeypatch) -> N
     store.save(TableProgress(snapshot_id="s", table="public.t", chunk_size=10))
     assert [p.table for p in store.all()] == ["public.t"]
     assert SECRET_KEY not in repr(lake.normalised()) and SECRET_KEY not in str(
-        store.load("public.t"))
+        store.load("public", "t"))
     commit_safety.forget_checks()
