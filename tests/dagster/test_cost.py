@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
+from dagster._core.storage.dagster_run import DagsterRun
 
+from assets.capture_run import _silver_may_lag
+from assets.slot_hold import SLOT_LOCK_TAG
 from pgcdc_dagster.capture.snapshot import run_snapshot
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
@@ -145,3 +148,30 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
     for table in ("t0", "t1", "t2", "t7", "t49", "late", "later"):
         uri = table_uri(str(tmp_path / "cost_b"), "silver", "cost_b", table)
         assert_silver_equals_source(pg_conn, uri, "cost_b", table, ["id"])
+
+
+def test_silver_sweep_follows_the_last_run_that_wrote_bronze() -> None:
+    """Every silver catches up once unless the last bronze-writing run was a lean capture
+    run that succeeded (run records in a real instance; the run being decided is skipped)."""
+    ok, failed = dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE
+    with dg.instance_for_test() as instance:
+        def add(job: str, status: dg.DagsterRunStatus, tags: dict[str, str]) -> str:
+            run = DagsterRun(job_name=job, status=status, tags=tags)
+            instance.add_run(run)
+            return run.run_id
+
+        assert _silver_may_lag(instance, "current")  # no run yet
+        add("cdc_microbatch", ok, {"pgcdc/job": "cdc_microbatch"})
+        current = add("cdc_microbatch", dg.DagsterRunStatus.STARTED,
+                      {"pgcdc/job": "cdc_microbatch"})
+        add("capture_checks", failed, {"pgcdc/job": "capture_checks"})  # writes no bronze
+        assert not _silver_may_lag(instance, current)
+        add("cdc_microbatch", failed, {"pgcdc/job": "cdc_microbatch"})
+        assert _silver_may_lag(instance, current)
+        add("initial_snapshot", ok, {"pgcdc/job": "initial_snapshot"})
+        assert not _silver_may_lag(instance, current)
+        add("__ASSET_JOB", ok, {SLOT_LOCK_TAG: "1234"})  # a UI materialization of bronze
+        assert _silver_may_lag(instance, current)
+        add("cdc_microbatch", ok, {"pgcdc/job": "cdc_microbatch"})
+        add("incremental_snapshot", ok, {"pgcdc/job": "incremental_snapshot"})
+        assert _silver_may_lag(instance, current)
