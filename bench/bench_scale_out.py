@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 
@@ -62,10 +63,14 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-scale-out-"))
-    pg = LocalCluster(root / "pg").start()
-    store = s3_server.start()
-    cluster = spark_cluster.start(workers=2)
+    started: list[Any] = []  # stopped in reverse order, whatever fails
     try:
+        pg = LocalCluster(root / "pg").start()
+        started.append(pg)
+        store = s3_server.start()
+        started.append(store)
+        cluster = spark_cluster.start(workers=2)
+        started.append(cluster)
         os.environ.update(store.env())
         bucket = "bench"
         store.create_bucket(bucket)
@@ -95,9 +100,8 @@ def main() -> None:
               f"{best['cluster/disk'] / best['local2/disk']:.2f}")
         print(f"ratio cluster/local[2], s3: {best['cluster/s3'] / best['local2/s3']:.2f}")
     finally:
-        cluster.stop()
-        store.stop()
-        pg.stop()
+        for service in reversed(started):
+            service.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
