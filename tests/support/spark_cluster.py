@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -53,6 +54,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)  # logs and executor work dirs
 
 
 def start(workers: int = 2, timeout: float = 90.0) -> Cluster:
