@@ -301,7 +301,7 @@ def build_incremental(tables: Sequence[tuple[str, str]],
 
     job = dg.define_asset_job(
         INCREMENTAL_JOB, selection=dg.AssetSelection.assets(INCREMENTAL_KEY),
-        partitions_def=INCREMENTAL_PARTITIONS, executor_def=dg.in_process_executor,
+        executor_def=dg.in_process_executor,
         tags={"pgcdc/job": INCREMENTAL_JOB},
         description="Incremental snapshot (DBLog) of the partitions' tables while the stream "
         "runs; backfill it from the incremental/snapshot asset to re-snapshot many tables.")

@@ -8,6 +8,7 @@ and an unreachable source is reported in the UI as a load error naming the probl
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 
 import dagster as dg
@@ -44,6 +45,13 @@ _CAPTURE_INT_ENV = {
     "vacuum_retention_hours": "PGCDC_VACUUM_RETENTION_HOURS",
     "target_file_bytes": "PGCDC_TARGET_FILE_BYTES",
 }
+
+
+# owners= and backfill_policy= are Dagster beta parameters used on purpose; without this their
+# warnings (Dagster re-issues the owners one when it binds resources) print on every
+# `dagster job execute`. Only these two messages are silenced.
+warnings.filterwarnings("ignore", message=r"Parameter `(owners|backfill_policy)`",
+                        category=dg.BetaWarning)
 
 
 def _env_or(name: str, default: str) -> str | dg.EnvVar:

@@ -100,6 +100,9 @@ def _dagster_job(env: dict[str, str], job: str) -> None:
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "RUN_SUCCESS" in proc.stdout + proc.stderr
+    # The beta parameters the project uses on purpose (owners, backfill_policy) print no
+    # warning on a user's terminal.
+    assert "BetaWarning" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path) -> None:
