@@ -297,6 +297,7 @@ def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats
         "updated": counts.get("updated", 0),
         "deleted_by_truncate": counts.get("deleted_by_truncate", 0),
         "files_rewritten": counts.get("files_removed", 0),
+        "files_read": counts.get("files_read", 0),
         "bytes_removed": counts.get("bytes_removed", 0),
         "delta_version": report.silver_version,
         "duration_s": round(report.seconds, 3),

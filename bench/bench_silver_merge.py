@@ -10,8 +10,14 @@ snapshot's. Targets (issue 17): newest 1 % <= 2 %, random <= 25 %, bytes per row
 +-20 % of the snapshot's. Also reads silver back with DuckDB (the Parquet files delta-rs
 lists) and checks the row count.
 
+``--key`` picks the primary key's type: ``bigint`` (the row number), ``text`` (``item-`` and
+the zero-padded row number: ordered like the rows) or ``uuid`` (``md5`` of the row number:
+random, so the newest rows' keys are spread over the whole key range, like
+``gen_random_uuid()`` keys; there is no "newest" locality to exploit).
+
     .venv/bin/python bench/bench_silver_merge.py [--rows 2000000] [--updates 100]
-        [--target-file-bytes 1048576]   # --rows 20000000 for the issue's scale
+        [--target-file-bytes 1048576] [--key bigint|text|uuid]
+        # --rows 20000000 for the issue's scale
 """
 
 from __future__ import annotations
@@ -33,13 +39,16 @@ from deltalake import DeltaTable
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.lake.paths import table_uri
-from pgcdc_dagster.lake.upkeep import compact
+from pgcdc_dagster.lake.upkeep import CompactionResult, compact
 from pgcdc_dagster.postgres.local_cluster import LocalCluster
 from pgcdc_dagster.spark.session import build_session
 
-DDL = ("CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, "
+KEYS = {"bigint": ("bigint", "g"), "text": ("text", "'item-' || lpad(g::text, 12, '0')"),
+        "uuid": ("uuid", "md5(g::text)::uuid")}
+"""Key type and its value for row number ``g``."""
+DDL = ("CREATE TABLE items (id {type} PRIMARY KEY, name text NOT NULL, qty int NOT NULL, "
        "price numeric(12,2) NOT NULL, note text, updated_at timestamptz NOT NULL)")
-FILL = ("INSERT INTO items SELECT g, 'item ' || left(md5(g::text), 12), "
+FILL = ("INSERT INTO items SELECT {key}, 'item ' || left(md5(g::text), 12), "
         "(abs(hashint8(g)) %% 1000)::int, (abs(hashint8(g * 7)) %% 10000000) / 100.0, "
         "CASE WHEN g %% 3 = 0 THEN md5((g * 3)::text) END, "
         "timestamptz '2026-01-01' + (abs(hashint8(g * 11)) %% 31536000) * interval '1 second' "
@@ -72,10 +81,13 @@ def log_delta(uri: str, since: int) -> dict[str, int]:
 
 
 def batch(cur: psycopg2.extensions.cursor, settings: CaptureSettings, spark: object,
-          uri: str, keys: list[int], label: str, snapshot_bpr: float) -> tuple[float, float]:
+          uri: str, keys: list[int], label: str, snapshot_bpr: float, key: str
+          ) -> tuple[float, float]:
+    """Update the rows numbered ``keys`` and run a micro-batch."""
     files, size, _ = table_bytes(uri)
     since = DeltaTable(uri).version()
-    cur.execute("UPDATE items SET qty = qty + 1, note = 'changed' WHERE id = ANY(%s)", (keys,))
+    cur.execute("UPDATE items SET qty = qty + 1, note = 'changed' WHERE id IN "
+                f"(SELECT {KEYS[key][1]} FROM unnest(%s::bigint[]) g)", (keys,))
     started = time.perf_counter()
     run_bronze(settings, spark, force_snapshot_step=False)  # type: ignore[arg-type]
     run_silver(settings, spark)  # type: ignore[arg-type]
@@ -97,6 +109,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--updates", type=int, default=100)
     parser.add_argument("--target-file-bytes", type=int, default=1 << 20)
+    parser.add_argument("--key", choices=sorted(KEYS), default="bigint")
+    parser.add_argument("--skip-compaction", action="store_true",
+                        help="merge into the snapshot's chunk files as they are (the first "
+                             "micro-batches before any upkeep)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-silver-"))
@@ -105,8 +121,8 @@ def main() -> None:
         conn = psycopg2.connect(cluster.dsn)
         conn.autocommit = True
         cur = conn.cursor()
-        cur.execute(DDL)
-        cur.execute(FILL % args.rows)
+        cur.execute(DDL.format(type=KEYS[args.key][0]))
+        cur.execute(FILL.format(key=KEYS[args.key][1]) % args.rows)
         cur.execute("VACUUM ANALYZE items")
         settings = CaptureSettings(dsn=cluster.dsn, lakehouse=str(root / "lake"), slot="bench",
                                    publication="bench", include=("public\\.items",),
@@ -119,21 +135,26 @@ def main() -> None:
         files, size, rows = table_bytes(uri)
         assert rows == args.rows, (rows, args.rows)
         snapshot_bpr = size / rows
-        print(f"snapshot: {rows:,} rows, silver {files} files, {size / 1e6:.1f} MB, "
-              f"{snapshot_bpr:.2f} bytes/row ({time.perf_counter() - started:.1f} s)")
+        print(f"snapshot ({args.key} key): {rows:,} rows, silver {files} files, "
+              f"{size / 1e6:.1f} MB, {snapshot_bpr:.2f} bytes/row "
+              f"({time.perf_counter() - started:.1f} s)")
+        print("snapshot silver file sizes (MB): "
+              + ", ".join(f"{a['size_bytes'] / 1e6:.1f}" for a in pa.table(
+                  DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()))
         started = time.perf_counter()
-        result = compact(uri, ["id"], args.target_file_bytes)
+        result = compact(uri, ["id"], args.target_file_bytes) if not args.skip_compaction \
+            else CompactionResult()
         files, size, _ = table_bytes(uri)
         print(f"upkeep compaction: split {result.files_removed} snapshot files into "
               f"{result.files_added} clustered files of ~{args.target_file_bytes >> 10} KiB "
               f"({size / rows:.2f} bytes/row; {time.perf_counter() - started:.1f} s)")
         rng = random.Random(17)
         newest = rng.sample(range(args.rows - args.rows // 100 + 1, args.rows + 1), args.updates)
-        r_newest, b_newest = batch(cur, settings, spark, uri, newest, "newest 1 % of keys",
-                                   snapshot_bpr)
+        r_newest, b_newest = batch(cur, settings, spark, uri, newest, "newest 1 % of rows",
+                                   snapshot_bpr, args.key)
         spread = rng.sample(range(1, args.rows + 1), args.updates)
-        r_random, b_random = batch(cur, settings, spark, uri, spread, "random keys",
-                                   snapshot_bpr)
+        r_random, b_random = batch(cur, settings, spark, uri, spread, "random rows",
+                                   snapshot_bpr, args.key)
         import duckdb  # only the bench reads with DuckDB
 
         started = time.perf_counter()

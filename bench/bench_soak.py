@@ -76,10 +76,10 @@ def duckdb_read_s(uri: str) -> float:
 
 
 def write_mix(cur: psycopg2.extensions.cursor, rng: random.Random, top: dict[str, int],
-              large: str) -> None:
+              large: str, large_scale: int) -> None:
     """One run's writes: random updates, updates of the newest keys, inserts, deletes."""
     for t in TABLES:
-        scale = 10 if t == large else 1
+        scale = large_scale if t == large else 1
         hi = top[t]
         cur.execute(f"UPDATE {t} SET n = n + 1, name = md5(random()::text) WHERE id = ANY(%s)",
                     (rng.sample(range(1, hi), 10 * scale),))
@@ -116,6 +116,10 @@ def main() -> None:
     parser.add_argument("--large-rows", type=int, default=1_000_000)
     parser.add_argument("--small-rows", type=int, default=20_000)
     parser.add_argument("--target-file-bytes", type=int, default=1 << 20)
+    parser.add_argument("--large-scale", type=int, default=10,
+                        help="the large table's writes per run, times the small tables' "
+                             "(10 random updates, 5 newest, 5 inserts, 2 deletes)")
+    parser.add_argument("--csv", help="also write the per-run figures to this CSV file")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-soak-"))
@@ -139,6 +143,7 @@ def main() -> None:
         started = time.perf_counter()
         run_bronze(settings, spark, force_snapshot_step=True)
         run_silver(settings, spark)
+        print(f"load average at start: {os.getloadavg()}")
         print(f"snapshot of {len(TABLES)} tables ({args.large_rows:,} + 9 x "
               f"{args.small_rows:,} rows): {time.perf_counter() - started:.1f} s")
         large = table_uri(lake, "silver", "public", "t0")
@@ -148,9 +153,13 @@ def main() -> None:
         after_upkeep: list[float] = []
         silver_files: list[int] = []
         print("run  seconds  bronze_MB  silver_MB  max_files(b/s)  rss_MB  slot_lag_B  "
-              "duckdb_s  upkeep")
+              "duckdb_s  load1  upkeep")
+        log = open(args.csv, "w", encoding="utf-8") if args.csv else None
+        if log:
+            log.write("run,seconds,bronze_bytes,silver_bytes,bronze_files,silver_files,rss_mb,"
+                      "slot_lag_bytes,duckdb_s,load1,upkeep_s,upkeep_bytes\n")
         for run in range(1, args.runs + 1):
-            write_mix(cur, rng, top, "t0")
+            write_mix(cur, rng, top, "t0", args.large_scale)
             before = {layer: layer_stats(lake, layer) for layer in ("bronze", "silver")}
             started = time.perf_counter()
             run_bronze(settings, spark, force_snapshot_step=False)
@@ -162,7 +171,7 @@ def main() -> None:
                                   for t in TABLES) for layer in after}
             files = {layer: max(s.files for s in after[layer].values())  # type: ignore[attr-defined]
                      for layer in after}
-            note = ""
+            note, u_seconds, rewritten = "", 0.0, 0
             if run % args.upkeep_every == 0:
                 u_started = time.perf_counter()
                 rewritten = sum(layer.compaction.bytes_added for t in TABLES
@@ -170,13 +179,22 @@ def main() -> None:
                                                           app_prefix=settings.app_prefix,
                                                           target_bytes=args.target_file_bytes,
                                                           retention_hours=168))
-                note = f"{time.perf_counter() - u_started:.1f} s, {rewritten / 1e6:.1f} MB"
+                u_seconds = time.perf_counter() - u_started
+                note = f"{u_seconds:.1f} s, {rewritten / 1e6:.1f} MB"
                 after_upkeep.append(duckdb_read_s(large))
             reads.append(duckdb_read_s(large))
             silver_files.append(files["silver"])
+            load1, lag, rss = os.getloadavg()[0], slot_lag(cur, "soak"), rss_mb()
             print(f"{run:3d}  {seconds[-1]:7.2f}  {written['bronze'] / 1e6:9.2f}  "
                   f"{written['silver'] / 1e6:9.2f}  {files['bronze']:5d}/{files['silver']:<5d}  "
-                  f"{rss_mb():7.0f}  {slot_lag(cur, 'soak'):10d}  {reads[-1]:8.3f}  {note}")
+                  f"{rss:7.0f}  {lag:10d}  {reads[-1]:8.3f}  {load1:5.2f}  {note}", flush=True)
+            if log:
+                log.write(f"{run},{seconds[-1]:.3f},{written['bronze']},{written['silver']},"
+                          f"{files['bronze']},{files['silver']},{rss:.0f},{lag},"
+                          f"{reads[-1]:.4f},{load1:.2f},{u_seconds:.2f},{rewritten}\n")
+                log.flush()
+        if log:
+            log.close()
         run_bronze(settings, spark, force_snapshot_step=False)
         run_silver(settings, spark)
         bad = converged(cur, lake)

@@ -4,8 +4,9 @@ Silver's data files are clustered by key (sorted, each file a narrow key range) 
 in size (``target_file_bytes``), so that a change to a few keys touches only the files whose
 key ranges hold them (``lake/silver_rewrite.py``), and compaction (``lake/upkeep.py``) keeps
 them so. Every file is written with the snapshot's Parquet layout (``lake/parquet_layout.py``)
-and carries Delta min/max statistics for the flat integer and boolean columns, the keys
-among them.
+and carries Delta min/max statistics (``lake/file_stats.py``) for the flat integer, boolean,
+string, date, timestamp and decimal columns, the keys among them (``lake/key_ranges.py``
+prunes on them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from pgcdc_dagster.lake.delta import DataFile, stats_json
+from pgcdc_dagster.lake.key_ranges import Range, candidates, file_ranges
 from pgcdc_dagster.lake.parquet_layout import (
     LOW_CARDINALITY,
     SAMPLE_ROWS,
@@ -44,7 +45,7 @@ FALLBACK_BYTES_PER_ROW = 64
 
 @dataclass(frozen=True, slots=True)
 class StoredFile:
-    """A data file of the table's current version, with its first key column's range."""
+    """A data file of the table's current version, with its key columns' ranges."""
 
     path: str
     """As the log names it (relative to the table root)."""
@@ -52,24 +53,37 @@ class StoredFile:
     rows: int
     low: Any
     high: Any
-    """Min/max of the first key column (None when the file has no statistics for it)."""
+    """Min/max of the first key column as the log has them (None without statistics)."""
+    ranges: tuple[Range, ...] = ()
+    """Per key column, its range in comparable form (``lake/key_ranges.py``)."""
 
 
-def stored_files(table: DeltaTable, key: str | None) -> list[StoredFile]:
-    """The table's data files, with ``key``'s min/max statistics when the log has them."""
+def stored_files(table: DeltaTable, keys: str | Sequence[str] | None) -> list[StoredFile]:
+    """The table's data files, with the key columns' min/max statistics the log has."""
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return []
+    names = [keys] if isinstance(keys, str) else list(keys or ())
+    schema = pa.schema(table.schema().to_arrow())
     paths = actions["path"].to_pylist()
     sizes = actions["size_bytes"].to_pylist()
     rows = actions["num_records"].to_pylist() if "num_records" in actions.column_names \
         else [None] * len(paths)
     low = high = [None] * len(paths)
-    if key is not None and f"min.{key}" in actions.column_names \
-            and f"max.{key}" in actions.column_names:
-        low, high = actions[f"min.{key}"].to_pylist(), actions[f"max.{key}"].to_pylist()
-    return [StoredFile(p, int(s), int(n) if n is not None else -1, lo, hi)
-            for p, s, n, lo, hi in zip(paths, sizes, rows, low, high, strict=True)]
+    per_key: list[list[Range]] = []
+    for i, name in enumerate(names):
+        lows, highs = (actions[f"{side}.{name}"].combine_chunks()
+                       if f"{side}.{name}" in actions.column_names else None
+                       for side in ("min", "max"))
+        if i == 0 and lows is not None and highs is not None:
+            low, high = lows.to_pylist(), highs.to_pylist()
+        typ = schema.field(name).type if name in schema.names else pa.null()
+        per_key.append(file_ranges(lows, highs, typ) if lows is not None and highs is not None
+                       else [(None, None)] * len(paths))
+    return [StoredFile(p, int(s), int(n) if n is not None else -1, lo, hi,
+                       tuple(r[i] for r in per_key))
+            for i, (p, s, n, lo, hi) in enumerate(zip(paths, sizes, rows, low, high,
+                                                      strict=True))]
 
 
 def bytes_per_row(files: Sequence[StoredFile]) -> float:
@@ -120,7 +134,8 @@ def write_data_file(uri: str, data: pa.Table, prefix: str) -> DataFile:
     pq.write_table(data, path, filesystem=fs, metadata_collector=collector,
                    row_group_size=max(data.num_rows, 1), **layout_options(data))
     size = fs.get_file_info(path).size
-    return DataFile(name, int(size or 0), data.num_rows, stats_json(collector[0], data.num_rows))
+    return DataFile(name, int(size or 0), data.num_rows,
+                    stats_json(collector[0], data.num_rows, data))
 
 
 def delete_files(uri: str, files: Sequence[DataFile]) -> None:
@@ -158,21 +173,11 @@ def layout_options(data: pa.Table) -> dict[str, object]:
     return layout.options(dictionary, flat_stats(data.schema), nulls)
 
 
-def key_candidates(files: Sequence[StoredFile], values: pa.Array | pa.ChunkedArray
-                   ) -> list[StoredFile]:
-    """The files whose first-key range can hold one of ``values`` (the batch's first key
-    column). Decided from the min/max statistics for integer keys without NULLs; anything
-    else (other types, a NULL key, a file without statistics) keeps the file."""
+def key_candidates(files: Sequence[StoredFile], batch: pa.Table, keys: Sequence[str],
+                   schema: pa.Schema) -> list[StoredFile]:
+    """The files that can hold one of ``batch``'s keys (``lake/key_ranges.py``); ``files``
+    from :func:`stored_files` with the same ``keys``, ``schema`` the stored one."""
     live = [f for f in files if f.rows != 0]
-    if not pa.types.is_integer(values.type) or values.null_count or len(values) == 0:
-        return live
-    keys = np.unique(np.asarray(pc.cast(values, pa.int64())))
-    out = []
-    for f in live:
-        if not isinstance(f.low, int) or not isinstance(f.high, int):
-            out.append(f)
-            continue
-        i = int(np.searchsorted(keys, f.low))
-        if i < len(keys) and keys[i] <= f.high:
-            out.append(f)
-    return out
+    keep = candidates([f.ranges for f in live], [batch[k] for k in keys],
+                      [schema.field(k).type for k in keys])
+    return [f for f, k in zip(live, keep, strict=True) if k]

@@ -7,7 +7,6 @@ or below it.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -23,6 +22,7 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
+from pgcdc_dagster.lake.file_stats import delta_stats
 from pgcdc_dagster.lake.paths import is_local
 from pgcdc_dagster.lake.storage import filesystem, storage_options
 
@@ -103,26 +103,10 @@ def append_arrow(uri: str, data: pa.Table, *, app_id: str, version: int,
     return load_table(uri).version()
 
 
-def stats_json(meta: pq.FileMetaData, num_records: int) -> str:
-    """Delta file statistics: record count, and min/max/null counts of flat int/bool columns."""
-    mins: dict[str, object] = {}
-    maxs: dict[str, object] = {}
-    nulls: dict[str, int] = {}
-    schema = meta.schema.to_arrow_schema()
-    flat = {f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_boolean(f.type)}
-    for rg in range(meta.num_row_groups):
-        group = meta.row_group(rg)
-        for ci in range(group.num_columns):
-            col = group.column(ci)
-            name = col.path_in_schema
-            if name not in flat or col.statistics is None or not col.statistics.has_min_max:
-                continue
-            lo, hi = col.statistics.min, col.statistics.max
-            mins[name] = lo if name not in mins else min(mins[name], lo)
-            maxs[name] = hi if name not in maxs else max(maxs[name], hi)
-            nulls[name] = nulls.get(name, 0) + int(col.statistics.null_count or 0)
-    return json.dumps({"numRecords": num_records, "minValues": mins, "maxValues": maxs,
-                       "nullCount": nulls})
+def stats_json(meta: pq.FileMetaData, num_records: int, data: pa.Table | None = None) -> str:
+    """Delta file statistics of a Parquet file, ``data`` its rows when at hand
+    (``lake/file_stats.py``)."""
+    return delta_stats(meta, num_records, data)
 
 
 def describe_file(table_root: str, relative: str, num_records: int) -> DataFile:
@@ -147,7 +131,8 @@ def write_part(table_root: str, data: pa.Table, prefix: str = "part") -> DataFil
     collector: list[pq.FileMetaData] = []
     pq.write_table(data, path, filesystem=fs, compression="zstd", metadata_collector=collector)
     size = fs.get_file_info(path).size
-    return DataFile(name, int(size or 0), data.num_rows, stats_json(collector[0], data.num_rows))
+    return DataFile(name, int(size or 0), data.num_rows,
+                    stats_json(collector[0], data.num_rows, data))
 
 
 def commit_files(table: DeltaTable, files: Sequence[DataFile], schema: pa.Schema, *,

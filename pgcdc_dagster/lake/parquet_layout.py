@@ -3,7 +3,7 @@
 Chosen to be cheap to write and small (``capture/snapshot_convert.py`` explains each choice):
 integer-physical columns DELTA_BINARY_PACKED and uncompressed unless their values span
 (nearly) their whole width, low-cardinality columns dictionary-encoded, everything else zstd
-level 1, statistics only for the flat int/bool columns Delta file statistics carry, no
+level 1, statistics only for the flat columns Delta file statistics carry, no
 embedded Arrow schema (Delta readers read the files with the table's schema).
 """
 
@@ -16,6 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from pgcdc_dagster.lake.file_stats import stats_columns
 
 COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 1
@@ -127,8 +129,6 @@ class FileLayout:
 
 
 def flat_stats(schema: pa.Schema) -> list[str]:
-    """Top-level int/bool columns: the only statistics Delta file stats carry here."""
-    return [f.name for f in schema
-            if pa.types.is_integer(f.type) or pa.types.is_boolean(f.type)]
-
-
+    """Top-level columns written with statistics: those Delta file stats carry
+    (``lake/file_stats.py``)."""
+    return stats_columns(schema)

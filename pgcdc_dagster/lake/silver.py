@@ -141,6 +141,7 @@ def merge_batch(uri: str, rows: pa.Table, toast_unchanged: pa.Array, *, relation
             table.update_incremental()
     counts["inserted"] = result.inserted
     counts["updated"] = result.updated
+    counts["files_read"] = result.files_read
     counts["files_removed"] = result.files_removed
     counts["bytes_removed"] = result.bytes_removed
     counts["files_added"] = len(result.added)

@@ -6,8 +6,9 @@ of keys spread over the table rewrites all of it, and the output no longer prune
 Here, instead (copy-on-write at file granularity, as Delta's MERGE without deletion
 vectors; docs/operations.md explains why not deletion vectors):
 
-1. the candidate files are those whose first-key range (Delta min/max statistics) can hold
-   one of the batch's keys (all files when that cannot be told);
+1. the candidate files are those whose key ranges (Delta min/max statistics of each key
+   column: integers, strings and uuids, dates, timestamps, decimals) can hold one of the
+   batch's keys (``lake/key_ranges.py``; a file is kept when that cannot be told);
 2. of each candidate, only the key and sequence columns are read and joined with the batch
    (NULL keys equal each other, as ``IS NOT DISTINCT FROM``);
 3. a file is rewritten only when a batch row is newer than one of its rows (greatest
@@ -76,7 +77,7 @@ def apply_rewrite(table: DeltaTable, uri: str, source: pa.Table, *, keys: Sequen
     """Apply ``source`` (one row per key, silver columns plus ``__toast_unchanged``) and
     commit (module docstring). ``table`` is at the version the rewrite is based on."""
     stored = pa.schema(table.schema().to_arrow())
-    files = stored_files(table, keys[0])
+    files = stored_files(table, keys)
     per_file = rows_per_file(target_file_bytes, bytes_per_row(files))
     rows = _conform(source, stored)
     unchanged = source[UNCHANGED].combine_chunks() if UNCHANGED in source.column_names \
@@ -85,7 +86,7 @@ def apply_rewrite(table: DeltaTable, uri: str, source: pa.Table, *, keys: Sequen
     result = RewriteResult()
     matched = np.zeros(rows.num_rows, dtype=bool)
     removed: list[StoredFile] = []
-    for f in key_candidates(files, rows[keys[0]]):
+    for f in key_candidates(files, rows, keys, stored):
         probe = read_file(uri, f.path, stored, [*keys, *SEQ])
         result.files_read += 1
         t_idx, s_idx = match_keys(probe, rows, keys)
