@@ -39,9 +39,17 @@ Range = tuple[Any, Any]
 
 def comparable(values: pa.Array | pa.ChunkedArray, typ: pa.DataType) -> pa.Array | None:
     """``values`` cast to the key type ``typ``, in a form whose order is the key's order
-    (timestamps and dates as integers); None for a type files are not pruned on."""
+    (timestamps and dates as integers); None for a type files are not pruned on, or values
+    that do not cast (statistics of another type: not pruned on either)."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
+    try:
+        return _comparable(values, typ)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+
+
+def _comparable(values: pa.Array, typ: pa.DataType) -> pa.Array | None:
     if pa.types.is_boolean(typ) or pa.types.is_integer(typ):
         return pc.cast(values, pa.int64())
     if pa.types.is_timestamp(typ):
