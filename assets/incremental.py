@@ -59,7 +59,7 @@ from pgcdc_dagster.capture.incremental_state import ProgressStore, TableProgress
 from pgcdc_dagster.capture.silver_apply import apply_silver
 from pgcdc_dagster.capture.snapshot import load_contexts
 from pgcdc_dagster.capture.tables import TableContext
-from pgcdc_dagster.cdc.dblog import Signal
+from pgcdc_dagster.cdc.dblog import Signal, SignalError
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.ops.delta_stats import TableStats, growth, live_row_count, table_stats
 from pgcdc_dagster.ops.slot_health import slot_health
@@ -244,7 +244,7 @@ def build_incremental(tables: Sequence[tuple[str, str]],
                             surrogate_key=config.surrogate_key.strip() or None)
             try:
                 outcome = apply_signal(settings, signal, contexts=contexts)
-            except ConfigurationError as exc:
+            except (ConfigurationError, SignalError) as exc:
                 raise dg.Failure(str(exc), allow_retries=False) from None
             context.log.info(f"incremental snapshot started for {', '.join(outcome.tables)} "
                              f"(chunk size {settings.incremental_chunk_size})")
@@ -252,8 +252,8 @@ def build_incremental(tables: Sequence[tuple[str, str]],
         meta_before = {n: table_stats(lakehouse.internal(n))
                        for n in META_TABLES}
         started = time.monotonic()
-        only = {f"{s}.{t}" for s, t in wanted.values()}
-        report = run_incremental(settings, only=only, progress=context.log.info)
+        report = run_incremental(settings, only=set(wanted.values()),
+                                 progress=context.log.info)
         seconds = time.monotonic() - started
         for ctx in contexts:  # the run read the slot for every table: keep the LSN chain
             context.log_event(dg.AssetMaterialization(

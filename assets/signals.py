@@ -38,7 +38,8 @@ from assets.partitions import INCREMENTAL_PARTITIONS, missing_partitions, partit
 from pgcdc_dagster.capture.incremental import SignalOutcome, apply_signal
 from pgcdc_dagster.cdc.dblog import Signal, SignalError, parse_signal
 from pgcdc_dagster.exceptions import ConfigurationError
-from pgcdc_dagster.postgres.signals import SignalRow, parse_table_name, read_signals
+from pgcdc_dagster.names import parse_table_id, table_id
+from pgcdc_dagster.postgres.signals import SignalRow, read_signals
 from resources import CaptureResource, LakehouseResource, PostgresResource
 
 SIGNAL_SENSOR = "signal_table_sensor"
@@ -77,13 +78,12 @@ class SignalTick:
 
 
 def _table(name: str, captured: Mapping[str, tuple[str, str]]) -> tuple[str, str] | None:
-    """The ``(schema, table)`` of an outcome's ``schema.table`` (written unquoted by the
-    engine): looked up among the captured tables, whatever characters their names hold."""
+    """The ``(schema, table)`` of an outcome's table (its :func:`table_id`)."""
     if name in captured:
         return captured[name]
     try:
-        return parse_table_name(name)
-    except ConfigurationError:
+        return parse_table_id(name)
+    except ValueError:
         return None
 
 
@@ -102,7 +102,7 @@ def evaluate_signals(rows: Sequence[SignalRow], cursor: SignalCursor,
                      apply: Callable[[Signal], SignalOutcome],
                      captured: Sequence[tuple[str, str]] = ()) -> SignalTick:
     """Apply the rows not in the cursor, in order; a bad one is refused, not fatal."""
-    by_name = {f"{s}.{t}": (s, t) for s, t in captured}
+    by_name = {table_id(s, t): (s, t) for s, t in captured}
     tick = SignalTick()
     seen = set(cursor.seen)
     present = []

@@ -42,6 +42,7 @@ from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import open_table
 from pgcdc_dagster.lake.paths import internal_uri, table_uri
 from pgcdc_dagster.lake.schema_history import history_uri, read_history, shape_at
+from pgcdc_dagster.names import resolve_table_id, splits
 
 META_SCHEMA = "_pgcdc"
 META_TABLES = ("messages", "transactions")
@@ -123,11 +124,15 @@ def export_table(lakehouse: str, schema: str, table: str, *, limit: int | None =
         yield codec.record(row, transaction_metadata=transaction_metadata)
 
 
-def _split_table(name: str) -> tuple[str, str]:
-    schema, dot, table = name.partition(".")
-    if not dot or not schema or not table:
-        raise ConfigurationError(f"--table {name!r}: give schema.table, e.g. public.orders")
-    return schema, table
+def _split_table(lakehouse: str, name: str) -> tuple[str, str]:
+    """``--table``: a table id (``public.orders``; a part holding a dot double-quoted,
+    ``"a.b".c``); an unquoted name with several dots is the one such table in bronze."""
+    stored = [t for t in splits(name.strip()) if open_table(
+        table_uri(lakehouse, "bronze", *t)) is not None] if name.count(".") > 1 else []
+    try:
+        return resolve_table_id(name, stored)
+    except ValueError as exc:
+        raise ConfigurationError(f"--table: {exc}; e.g. public.orders") from None
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -155,7 +160,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = parser.parse_args(argv)
     stream = out if out is not None else sys.stdout
     try:
-        schema, table = _split_table(args.table)
+        schema, table = _split_table(args.lakehouse, args.table)
         for record in export_table(
                 args.lakehouse, schema, table, limit=args.limit, topic_prefix=args.topic_prefix,
                 fmt=args.format, transaction_metadata=args.transaction_metadata,

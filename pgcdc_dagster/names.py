@@ -30,6 +30,10 @@ UTF-8 bytes of schema NUL table>``. Injective, valid, stable across reloads.
 **Partition keys** of the incremental snapshot (:func:`partition_key`): ``schema.table`` as
 Debezium's ``data-collections`` write it, with a fallback for what Dagster refuses there.
 
+**Table identity** (:func:`table_id`): ``schema.table`` as Debezium's ``data-collections``
+write it, a part holding ``.`` (or ``"``, or white space at its ends) double-quoted: the
+engine's one text key of a table (counts, reports, progress, signals, export ``--table``).
+
 **Tag values** (:func:`tag_value`): Dagster's strict tag values are ``[A-Za-z0-9_.-]{0,63}``;
 a name that is not one gets no tag (the real name is in the asset's description and
 metadata, ``pgcdc/schema`` and ``pgcdc/table``).
@@ -38,7 +42,7 @@ metadata, ``pgcdc/schema`` and ``pgcdc/table``).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from urllib.parse import quote, unquote
 
 ESCAPE_PREFIX = "x__"
@@ -148,6 +152,67 @@ def quote_ident(name: str) -> str:
 def display_name(schema: str, table: str) -> str:
     """``schema.table`` with each part as :func:`quote_ident` writes it."""
     return f"{quote_ident(schema)}.{quote_ident(table)}"
+
+
+_BARE_PART = re.compile(r'[^."\s](?:[^."]*[^."\s])?')
+
+
+def _id_part(p: str) -> str:
+    return p if _BARE_PART.fullmatch(p) else '"' + p.replace('"', '""') + '"'
+
+
+def table_id(schema: str, table: str) -> str:
+    """The engine's identity of a source table as text (the key of its counts, progress,
+    reports, transaction metadata and signals' ``data-collections``): ``schema.table``, a
+    part that holds ``.`` or ``"``, is empty, or starts or ends with white space written
+    double-quoted with ``"`` doubled (Debezium's quoting of names with dots). Every ordinary
+    name keeps its ``schema.table``; ``"a.b".c`` and ``a."b.c"`` stay apart (injective;
+    :func:`parse_table_id` is the inverse)."""
+    return f"{_id_part(schema)}.{_id_part(table)}"
+
+
+def parse_table_id(text: str) -> tuple[str, str]:
+    """The ``(schema, table)`` of a :func:`table_id` (surrounding white space ignored).
+
+    An unquoted name with more than one dot (``a.b.c``) names no table for sure; it is
+    refused, naming the two quoted forms.
+
+    Raises:
+        ValueError: ``text`` is not ``<schema>.<table>`` or is ambiguous.
+    """
+    text = text.strip()
+    m = _QUOTED_KEY.fullmatch(text)
+    if m is not None:
+        return _unquote_part(m.group(1)), _unquote_part(m.group(2))
+    if '"' not in text and text.count(".") > 1:
+        first, _, rest = text.partition(".")
+        head, _, last = text.rpartition(".")
+        raise ValueError(
+            f"{text!r} is ambiguous: a schema or table name holding a dot must be "
+            f"double-quoted, e.g. {table_id(first, rest)} or {table_id(head, last)}")
+    raise ValueError(f"{text!r} is not <schema>.<table> (a part holding a dot or a double "
+                     "quote double-quoted, \" doubled)")
+
+
+def splits(text: str) -> list[tuple[str, str]]:
+    """Every ``(schema, table)`` whose plain ``schema.table`` is ``text``."""
+    return [(text[:i], text[i + 1:]) for i, ch in enumerate(text) if ch == "."]
+
+
+def resolve_table_id(text: str, known: Iterable[tuple[str, str]]) -> tuple[str, str]:
+    """:func:`parse_table_id`, except that an unquoted name with several dots names the one
+    table of ``known`` whose plain ``schema.table`` it is (as such names always did).
+
+    Raises:
+        ValueError: not a table name, or ambiguous among ``known``.
+    """
+    try:
+        return parse_table_id(text)
+    except ValueError:
+        found = [t for t in known if f"{t[0]}.{t[1]}" == text.strip()]
+        if len(found) == 1:
+            return found[0]
+        raise
 
 
 INVALID_PARTITION_SUBSTRINGS = ("...", "\a", "\b", "\f", "\n", "\r", "\t", "\v", "\0")

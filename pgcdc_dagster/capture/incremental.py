@@ -45,6 +45,7 @@ from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.plugins import DECODERBUFS
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import committed_version, open_table
+from pgcdc_dagster.names import table_id
 from pgcdc_dagster.postgres.chunks import (
     ChunkSpec,
     emit_watermark,
@@ -116,13 +117,13 @@ def apply_signal(settings: CaptureSettings, signal: Signal, *,
                 checked = [validate_condition(conn, name[0], name[1], raw,
                                               timeout_ms=settings.incremental_statement_timeout_ms)
                            for pattern, raw in signal.additional_conditions
-                           if matching_tables([pattern], [name])]  # each filter on its own
+                           if name in matching_tables([pattern], by_name)]  # each on its own
                 cond = canonical_condition(conn, name[0], name[1], " AND ".join(checked)) \
                     if checked else None
                 order_columns(conn, name[0], name[1], ctx.relation.key_names,
                               signal.surrogate_key)
                 fresh.append(TableProgress(
-                    snapshot_id=uuid.uuid4().hex, table=f"{name[0]}.{name[1]}", name=list(name),
+                    snapshot_id=uuid.uuid4().hex, table=table_id(*name), name=list(name),
                     chunk_size=chunk_size, condition=cond, surrogate_key=signal.surrogate_key,
                     signal_id=signal.id, estimated_rows=estimated_rows(conn, *name)))
         for p in fresh:
@@ -142,7 +143,7 @@ def apply_signal(settings: CaptureSettings, signal: Signal, *,
         else:
             continue
         store.save(p)
-        changed.append(p.table)
+        changed.append(table_id(*p.qualified))
     return SignalOutcome(signal, changed, f"{signal.type}: {len(changed)} table(s)")
 
 
@@ -366,10 +367,10 @@ def _resume(p: TableProgress, ctx: TableContext) -> None:
 
 @explains_privileges
 def run_incremental(settings: CaptureSettings, *,
-                    only: Collection[str] | None = None,
+                    only: Collection[tuple[str, str]] | None = None,
                     progress: Callable[[str], None] = log.info,
                     max_rounds: int = 100_000) -> IncrementalReport:
-    """Run the requested incremental snapshots (``only``: ``schema.table`` names) to the end,
+    """Run the requested incremental snapshots (``only``: ``(schema, table)`` pairs) to the end,
     streaming every captured table meanwhile; return per-table progress.
 
     Holds the slot's lock throughout (progress, watermarks, chunk reads, windows): another
@@ -389,7 +390,7 @@ def run_incremental(settings: CaptureSettings, *,
         return _run_incremental(settings, only, progress, max_rounds)
 
 
-def _run_incremental(settings: CaptureSettings, only: Collection[str] | None,
+def _run_incremental(settings: CaptureSettings, only: Collection[tuple[str, str]] | None,
                      progress: Callable[[str], None], max_rounds: int) -> IncrementalReport:
     started = time.monotonic()
     store = ProgressStore(settings.lakehouse, settings.slot)
@@ -397,7 +398,7 @@ def _run_incremental(settings: CaptureSettings, only: Collection[str] | None,
     by_name = {c.relation.qualified: c for c in contexts}
     queue = []
     for p in store.all():
-        if only is not None and p.table not in only:
+        if only is not None and p.qualified not in only:
             continue
         if p.qualified not in by_name:
             if p.status == "running":
@@ -434,10 +435,10 @@ def _run_incremental(settings: CaptureSettings, only: Collection[str] | None,
         finally:
             driver.close()
     for p in store.all():
-        if only is None or p.table in only:
-            report.tables.append(TableReport(p.table, p.status, p.chunks_done, p.chunks_total,
-                                             p.rows_read, p.rows_emitted, p.rows_dropped,
-                                             p.rows_early, p.seconds))
+        if only is None or p.qualified in only:
+            report.tables.append(TableReport(table_id(*p.qualified), p.status, p.chunks_done,
+                                             p.chunks_total, p.rows_read, p.rows_emitted,
+                                             p.rows_dropped, p.rows_early, p.seconds))
     report.seconds = time.monotonic() - started
     report.read_seconds = driver.read_seconds
     return report

@@ -61,6 +61,7 @@ from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.paths import is_local
 from pgcdc_dagster.lake.schema_history import history_uri, read_histories
 from pgcdc_dagster.lake.storage import storage_options
+from pgcdc_dagster.names import resolve_table_id, table_id
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
     SkippedTable,
@@ -242,7 +243,10 @@ class _SnapshotRun:
                     "publication.autocreate.mode = filtered.")
         self.ident = SourceIdentity(self.settings.topic_prefix, current_database(conn))
         for name, select in self.settings.snapshot_select_overrides:
-            schema, _, table = name.partition(".")
+            try:
+                schema, table = resolve_table_id(name, self.contexts)
+            except ValueError as exc:
+                raise ConfigurationError(f"snapshot.select.statement.overrides: {exc}") from None
             ctx = self.contexts.get((schema, table))
             if ctx is None:
                 raise ConfigurationError(
@@ -409,7 +413,7 @@ class _SnapshotRun:
             report.rows_read += result.rows
             report.chunks_read += 1
             crash_point(f"snapshot_after_chunk_{report.chunks_read}")
-            info = tracker.add(f"{name[0]}.{name[1]}", result.rows)
+            info = tracker.add(table_id(*name), result.rows)
             report.last_progress = info
             self.progress(info.message())
             if self.on_progress is not None:

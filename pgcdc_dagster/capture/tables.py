@@ -33,6 +33,7 @@ from pgcdc_dagster.lake.evolution import SchemaChangeError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.schema_history import Entry, HistoryRecorder, Shape, history_uri
 from pgcdc_dagster.lake.silver import silver_schema, toastable_columns
+from pgcdc_dagster.names import table_id
 from pgcdc_dagster.postgres.catalog import load_types, table_column_defaults, table_columns
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ class TableContext:
 
     @property
     def name(self) -> str:
-        return f"{self.relation.namespace}.{self.relation.name}"
+        """The table's identity as text (:func:`pgcdc_dagster.names.table_id`)."""
+        return table_id(self.relation.namespace, self.relation.name)
 
     @property
     def bronze_schema(self) -> pa.Schema:
@@ -170,7 +172,8 @@ class TableContext:
             pending = [conv.bronze_field for conv in self.converters]
             pending += [conv.bronze_field for convs in self._shapes.values() for conv in convs]
             for col, conv in zip(fresh, convs, strict=True):
-                name = assign_field(col.name, conv.bronze_field, self.committed, pending)
+                name = assign_field(col.name, conv.bronze_field, self.committed, pending,
+                                    columns=[c.name for c in shaped.columns])
                 if name != col.name and col.is_key:
                     raise _key_type_changed(self.name, col.name)
                 mapped[col.name] = renamed(conv, name)
@@ -253,6 +256,8 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
     bronze = open_table(bronze_uri)
     committed = _after_fields(bronze)
     converters = _versioned(conn, rel, converters, committed, settings, options)
+    # The app id is only ever read in this table's own Delta log, so its plain
+    # schema.table (kept: stored offsets name it) need not tell "a.b".c from a."b.c".
     app_id = f"{settings.app_prefix}:bronze:{schema}.{table}"
     offset = committed_version(bronze, app_id)
     history = HistoryRecorder(history_uri(settings.lakehouse), schema, table,
@@ -298,7 +303,8 @@ def _versioned(conn: psycopg2.extensions.connection, relation: Relation,
     a versioned one carries converters of the column's older fields (newest first)."""
     out = []
     for col, conv in zip(relation.columns, converters, strict=True):
-        name = assign_field(col.name, conv.bronze_field, committed)
+        name = assign_field(col.name, conv.bronze_field, committed,
+                            columns=[c.name for c in relation.columns])
         if name == col.name:
             out.append(conv)
             continue

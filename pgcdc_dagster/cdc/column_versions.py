@@ -125,14 +125,21 @@ def compatible(old: pa.Field, new: pa.Field) -> bool:
 
 
 def assign_field(column: str, field: pa.Field, committed: Sequence[pa.Field],
-                 pending: Sequence[pa.Field] = ()) -> str:
+                 pending: Sequence[pa.Field] = (), columns: Iterable[str] = ()) -> str:
     """The bronze field name that stores ``column`` encoded as ``field``.
+
+    The name is never one that another column's field holds or that another column of the
+    table is named (Delta Lake compares names without letter case): a source column really
+    named ``c__v2`` keeps ``c__v2``, and ``c``'s next version skips to ``c__v3``; a column
+    added under the name of an existing versioned field gets a versioned field of its own
+    (``c__v2__v2``, its ``pgcdc.column`` metadata naming it). Field names stay injective.
 
     Args:
         column: The source column.
         field: The column's bronze field under its current encoding.
         committed: The fields of bronze's ``after`` struct (the committed schema).
         pending: Fields already chosen in this run but not committed yet.
+        columns: The table's current column names (reserved for their own fields).
     """
     have = versions(committed, column)
     if have and compatible(have[-1], field):
@@ -141,10 +148,12 @@ def assign_field(column: str, field: pa.Field, committed: Sequence[pa.Field],
     for f in reversed(chosen):
         if compatible(f, field):
             return str(f.name)
-    if not have and not chosen:
-        return column
-    newest = max(version_of(f) for f in (*have, *chosen))
-    return versioned_name(column, newest + 1)
+    taken = {str(f.name).lower() for f in (*committed, *pending) if column_of(f) != column}
+    taken.update(c.lower() for c in columns if c != column)
+    version = max((version_of(f) for f in (*have, *chosen)), default=0) + 1
+    while versioned_name(column, version).lower() in taken:
+        version += 1
+    return versioned_name(column, version)
 
 
 class VersionedConverter:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -41,6 +42,7 @@ from pgcdc_dagster.cdc.changes import (
     TableChanges,
     Window,
 )
+from pgcdc_dagster.names import parse_table_id, table_id
 
 WATERMARK_PREFIX = "pgcdc.watermark"
 SNAPSHOT_MARKER = "incremental"
@@ -303,20 +305,48 @@ def parse_signal(signal_id: str, signal_type: str, data: str | dict[str, Any] | 
 
 
 def collection_regex(pattern: str) -> str:
-    """A ``data-collections`` entry as a regex over ``schema.table``.
+    """A ``data-collections`` entry as a regex over a table's
+    :func:`~pgcdc_dagster.names.table_id`.
 
-    Debezium quotes name parts containing a dot (``"public"."My.Table"``, INC-16); a fully
-    quoted name is matched literally.
+    Debezium quotes name parts containing a dot (``"public"."My.Table"``, INC-16): an entry
+    with a double-quoted part that reads as ``<schema>.<table>`` (``"a.b".c``, ``a."b.c"``,
+    ``"a"."b"``) names that one table literally; any other entry is a regular expression.
     """
-    parts = re.fullmatch(r'"((?:[^"]|"")*)"\."((?:[^"]|"")*)"', pattern)
-    if parts:
-        return re.escape(parts.group(1).replace('""', '"') + "." +
-                         parts.group(2).replace('""', '"'))
+    if '"' in pattern:
+        try:
+            return re.escape(table_id(*parse_table_id(pattern)))
+        except ValueError:
+            pass
     return pattern
 
 
 def matching_tables(patterns: Sequence[str], tables: Iterable[tuple[str, str]]
                     ) -> list[tuple[str, str]]:
-    """Captured tables whose ``schema.table`` fully matches one of the patterns."""
-    regexes = [re.compile(collection_regex(p)) for p in patterns]
-    return [t for t in tables if any(r.fullmatch(f"{t[0]}.{t[1]}") for r in regexes)]
+    """Captured tables a ``data-collections`` entry names: the entry fully matches the
+    table's :func:`~pgcdc_dagster.names.table_id` (a name part holding a dot is
+    double-quoted there) or, as before quoting, its plain ``schema.table`` when no other
+    captured table reads the same (``"a.b".c`` and ``a."b.c"`` are both ``a.b.c``).
+
+    Raises:
+        SignalError: an entry that tells two such tables apart only by their quoting.
+    """
+    regexes = [(p, re.compile(collection_regex(p))) for p in patterns]
+    tables = list(tables)
+    plain = Counter(f"{s}.{t}" for s, t in tables)
+    out = []
+    for schema, table in tables:
+        ident, flat = table_id(schema, table), f"{schema}.{table}"
+        for pattern, regex in regexes:
+            if regex.fullmatch(ident):
+                out.append((schema, table))
+                break
+            if regex.fullmatch(flat):
+                if plain[flat] > 1:
+                    same = sorted(table_id(s, t) for s, t in tables if f"{s}.{t}" == flat)
+                    raise SignalError(
+                        f"data-collection {pattern!r} is ambiguous: {' and '.join(same)} "
+                        "both read as " + repr(flat) + "; double-quote the part that holds "
+                        "the dot, e.g. " + same[0])
+                out.append((schema, table))
+                break
+    return out

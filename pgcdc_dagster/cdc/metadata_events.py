@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from pgcdc_dagster.cdc.changes import LogicalMessage, TransactionInfo
 from pgcdc_dagster.cdc.envelope import CONNECTOR_VERSION, SOURCE_TYPE, SourceIdentity
+from pgcdc_dagster.names import table_id
 
 MESSAGE_TYPE = pa.struct([pa.field("prefix", pa.string()), pa.field("content", pa.binary())])
 
@@ -87,7 +88,7 @@ def transaction_rows(transactions: Sequence[TransactionInfo], ident: SourceIdent
                      "data_collections": None, "ts_ms": ts,
                      "__commit_lsn": t.commit_lsn, "__ordinal": 0})
         rows.append({"status": "END", "id": tid, "event_count": t.event_count,
-                     "data_collections": [{"data_collection": f"{s}.{n}", "event_count": c}
+                     "data_collections": [{"data_collection": table_id(s, n), "event_count": c}
                                           for s, n, c in t.per_table],
                      "ts_ms": ts, "__commit_lsn": t.commit_lsn, "__ordinal": 1})
     del processed_ms

@@ -10,7 +10,7 @@ the first commit. (delta-rs 1.x no longer ships the DynamoDB locking provider, a
 
 So before the first commit under an ``s3://`` root served by another endpoint than AWS's
 (``AWS_ENDPOINT_URL``), :func:`ensure_safe_commits` *probes* the store once per process: it
-puts one object under ``<root>/_pgcdc/commit_probe/`` twice with ``If-None-Match: *``; the
+puts one object under ``<root>/_pgcdc/~commit_probe/`` twice with ``If-None-Match: *``; the
 second put must be refused (delta-rs lists the log before it commits, so only a true race
 would show the difference through delta-rs itself). When it is not, the run stops
 with :class:`UnsafeCommitError`, unless the user opted in with
@@ -25,6 +25,7 @@ import uuid
 from urllib.parse import urlparse
 
 from pgcdc_dagster.exceptions import PgCdcError
+from pgcdc_dagster.lake.paths import probe_prefix
 from pgcdc_dagster.lake.s3_sign import signed_put
 from pgcdc_dagster.lake.storage import (
     S3_SCHEMES,
@@ -95,7 +96,7 @@ def conditional_commits_hold(root: str, options: dict[str, str]) -> bool:
             "conditional writes without static credentials (AWS_ACCESS_KEY_ID / "
             "AWS_SECRET_ACCESS_KEY). " + _options_text())
     parsed = urlparse(root)
-    key = "/".join(p for p in (parsed.path.strip("/"), "_pgcdc", "commit_probe",
+    key = "/".join(p for p in (urlparse(probe_prefix(root)).path.strip("/"),
                                uuid.uuid4().hex) if p)
     try:
         first = signed_put(options, parsed.netloc, key, b"probe", {"If-None-Match": "*"})

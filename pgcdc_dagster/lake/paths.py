@@ -22,9 +22,11 @@ at most 189 bytes (file systems allow 255).
 
 The project's own tables live under ``bronze/_pgcdc/`` (schema history, messages,
 transactions) and ``<lakehouse>/_pgcdc/<slot>/`` (snapshot progress, capture set,
-incremental progress). No source table can land there: a source schema whose name is
-``_pgcdc`` in any letter case is written with its ``_`` escaped (``~5Fpgcdc``), and every
-other name maps to a segment other than ``_pgcdc`` (a segment with an escape holds ``~``).
+incremental progress); the commit-safety probe of an object store writes under
+``<lakehouse>/_pgcdc/~commit_probe/``, which no slot's directory can be. No source table
+can land there: a source schema whose name is ``_pgcdc`` in any letter case is written with
+its ``_`` escaped (``~5Fpgcdc``), and every other name maps to a segment other than
+``_pgcdc`` (a segment with an escape holds ``~``).
 Names differing only in letter case stay distinct paths; on a case-insensitive file system
 (macOS, Windows defaults) they would share a directory, as they always did.
 """
@@ -137,6 +139,18 @@ def slot_root(root: str, slot: str) -> str:
     """``<lakehouse>/_pgcdc/<slot>``: the per-capture state (a slot name, lower-case
     letters, digits and ``_``, is its own segment)."""
     return f"{normalise_root(root)}/{INTERNAL}/{encode_segment(slot)}"
+
+
+PROBE_SEGMENT = f"{ESCAPE}commit_probe"
+"""The commit-safety probe's segment under ``_pgcdc``: it starts with ``~``, which no
+:func:`slot_root` segment does (an encoded name starts with ``~`` only when its first
+character is escaped, and a slot name's characters never are), so the probe and a slot
+named ``commit_probe`` stay apart."""
+
+
+def probe_prefix(root: str) -> str:
+    """``<lakehouse>/_pgcdc/~commit_probe``: where the commit-safety probe writes."""
+    return f"{normalise_root(root)}/{INTERNAL}/{PROBE_SEGMENT}"
 
 
 def is_local(uri: str) -> bool:

@@ -26,14 +26,16 @@ from psycopg2 import sql
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.pgoutput.options import publication_names_value
 from pgcdc_dagster.postgres.connection import connection
+from pgcdc_dagster.postgres.statements import execute
 
 _CHANGE_TAGS = tuple(ord(c) for c in "IUDT")
 """pgoutput message types of row changes: Insert, Update, Delete, Truncate."""
 
 _COUNT = sql.SQL(
-    "SELECT count(*) FILTER (WHERE get_byte(data, 0) = ANY(%s)), count(*) "
-    "FROM pg_logical_slot_peek_binary_changes({copy}, %s::pg_lsn, %s, "
-    "'proto_version', '2', 'streaming', 'on', 'publication_names', %s)")
+    "SELECT count(*) FILTER (WHERE get_byte(data, 0) = ANY({})), count(*) "
+    "FROM pg_logical_slot_peek_binary_changes({}, {}::pg_lsn, {}, "
+    "'proto_version', '2', 'streaming', 'on', 'publication_names', {})").format(
+    *(sql.Placeholder() for _ in range(5)))
 
 
 def row_budget(threshold: int) -> int:
@@ -71,9 +73,8 @@ def count_pending_changes(dsn: str, slot: str, publication: str, upto_lsn: Lsn,
     with connection(dsn) as conn, conn.cursor() as cur:
         cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, copy))
         try:
-            cur.execute(_COUNT.format(copy=sql.Literal(copy)),
-                        (list(_CHANGE_TAGS), str(upto_lsn), budget,
-                         publication_names_value([publication])))
+            execute(cur, _COUNT, (list(_CHANGE_TAGS), copy, str(upto_lsn), budget,
+                                  publication_names_value([publication])))
             changes, rows = cur.fetchone()
         finally:
             try:

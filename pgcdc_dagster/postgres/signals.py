@@ -20,7 +20,6 @@ Chunks are then read in READ ONLY transactions with the same ``statement_timeout
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import psycopg2
@@ -29,6 +28,7 @@ from psycopg2 import sql
 
 from pgcdc_dagster.capture.settings import DEFAULT_STATEMENT_TIMEOUT_MS
 from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.names import parse_table_id
 from pgcdc_dagster.postgres.snapshot_read import set_timeout
 from pgcdc_dagster.postgres.sql_filter import RejectedSql, canonical_filter
 
@@ -97,15 +97,15 @@ class SignalRow:
 
 
 def parse_table_name(name: str) -> tuple[str, str]:
-    """``schema.table`` (parts may be double-quoted) into its parts."""
-    m = re.fullmatch(r'\s*("(?:[^"]|"")*"|[^."]+)\.("(?:[^"]|"")*"|[^."]+)\s*', name)
-    if not m:
-        raise ConfigurationError(f"signal.data.collection {name!r} must be <schema>.<table>")
+    """``schema.table`` (parts may be double-quoted: :func:`parse_table_id`) into its parts.
 
-    def part(p: str) -> str:
-        return p[1:-1].replace('""', '"') if p.startswith('"') else p
-
-    return part(m.group(1)), part(m.group(2))
+    Raises:
+        ConfigurationError: not ``<schema>.<table>``, or ambiguous (unquoted dots).
+    """
+    try:
+        return parse_table_id(name)
+    except ValueError as exc:
+        raise ConfigurationError(f"signal.data.collection: {exc}") from None
 
 
 def read_signals(conn: psycopg2.extensions.connection, collection: str) -> list[SignalRow]:

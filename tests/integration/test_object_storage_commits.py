@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 from pgcdc_dagster.lake import commit_safety
 from pgcdc_dagster.lake.commit_safety import UNSAFE_OPT_IN, UnsafeCommitError
 from pgcdc_dagster.lake.delta import append_arrow, ensure_table, open_table
+from pgcdc_dagster.lake.paths import probe_prefix, slot_root
 from pgcdc_dagster.lake.storage import storage_options
 from tests.support import s3_server
 from tests.support.s3_server import SECRET_KEY
@@ -120,3 +121,21 @@ def test_resource_fields_reach_delta_rs_and_pyarrow(s3_server, monkeypatch) -> N
     assert SECRET_KEY not in repr(lake.normalised()) and SECRET_KEY not in str(
         store.load("public", "t"))
     commit_safety.forget_checks()
+
+
+def test_the_probe_writes_where_no_slot_state_lives(s3_lakehouse, monkeypatch) -> None:
+    """A slot named ``commit_probe`` keeps its state apart from the probe (issue 18): the
+    probe's puts (real ones, recorded on the way) land under ``_pgcdc/~commit_probe/``."""
+    keys: list[str] = []
+    real_put = commit_safety.signed_put
+
+    def recording_put(options, bucket, key, body, headers):  # type: ignore[no-untyped-def]
+        keys.append(f"s3://{bucket}/{key}")
+        return real_put(options, bucket, key, body, headers)
+
+    monkeypatch.setattr(commit_safety, "signed_put", recording_put)
+    ensure_table(f"{s3_lakehouse}/bronze/public/t", SCHEMA)
+    assert len(keys) == 2 and keys[0] == keys[1]
+    assert keys[0].startswith(probe_prefix(s3_lakehouse) + "/")
+    for slot in ("commit_probe", "_commit_probe", "pgcdc"):
+        assert not keys[0].startswith(slot_root(s3_lakehouse, slot) + "/")

@@ -237,3 +237,58 @@ def test_type_change_after_the_contexts_were_built(pg_dsn, pg_conn, spark, lakeh
         (-1, None, None), (None, (25).to_bytes(1, "big"), None), (None, None, "drei")]
     assert_silver_equals_source(pg_conn, table_uri(str(lakehouse), "silver", "public", "s"),
                                 "public", "s", ["id"])
+
+
+def test_versioned_fields_and_real_columns_named_like_them(pg_dsn, pg_conn, spark,
+                                                           lakehouse) -> None:
+    """A source column really named ``a__v2`` (and ``B__V2`` differing in case) next to
+    ``a``'s and ``b``'s type changes, then a column added under the name of a versioned
+    field (issue 18): every field name stays distinct (Delta would refuse the write, or
+    mix the two columns' values), and silver equals the source."""
+    with pg_conn.cursor() as cur:
+        cur.execute('CREATE TABLE s (id int PRIMARY KEY, a int, a__v2 text, b int, '
+                    '"B__V2" text)')
+        cur.execute("INSERT INTO s SELECT g, g, 'r' || g, -g, 'R' || g "
+                    "FROM generate_series(1, 10) g")
+    settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), include=("public\\.s",),
+                               slot="evo_names", publication="evo_names")
+    run_bronze(settings, spark, force_snapshot_step=True)
+    with pg_conn.cursor() as cur:
+        cur.execute("ALTER TABLE s ALTER COLUMN a TYPE bigint")
+        cur.execute("ALTER TABLE s ALTER COLUMN b TYPE text")
+        cur.execute("UPDATE s SET a = 5000000000 + id, a__v2 = 'u' || id, b = 'b' || id "
+                    "WHERE id <= 4")
+        cur.execute("INSERT INTO s VALUES (11, 7000000000, 'new', 'nb', 'NB')")
+    run_bronze(settings, spark, force_snapshot_step=False)
+    run_silver(settings, spark)
+    after = _bronze(lakehouse).schema.field("after").type
+    fields = {after.field(i).name: after.field(i) for i in range(after.num_fields)}
+    assert list(fields) == ["id", "a", "a__v2", "b", "B__V2", "a__v3", "b__v3"]
+    assert fields["a__v3"].metadata[b"pgcdc.column"] == b"a"
+    assert fields["a__v3"].type == pa.int64() and fields["a__v2"].type == pa.string()
+    assert b"pgcdc.column" not in (fields["a__v2"].metadata or {})
+    assert_silver_equals_source(pg_conn, table_uri(str(lakehouse), "silver", "public", "s"),
+                                "public", "s", ["id"])
+
+    # c changes type (c__v2 is c's), then a column c__v2 is added: it gets its own field
+    with pg_conn.cursor() as cur:
+        cur.execute("ALTER TABLE s ADD COLUMN c int")
+        cur.execute("UPDATE s SET c = id")
+    run_bronze(settings, spark, force_snapshot_step=False)
+    with pg_conn.cursor() as cur:
+        cur.execute("ALTER TABLE s ALTER COLUMN c TYPE text")
+        cur.execute("UPDATE s SET c = 'c' || id WHERE id <= 2")
+    run_bronze(settings, spark, force_snapshot_step=False)
+    with pg_conn.cursor() as cur:
+        cur.execute("ALTER TABLE s ADD COLUMN c__v2 numeric(6,1)")
+        cur.execute("UPDATE s SET c__v2 = id * 1.5, c = 'again' WHERE id <= 3")
+    run_bronze(settings, spark, force_snapshot_step=False)
+    run_silver(settings, spark)
+    after = _bronze(lakehouse).schema.field("after").type
+    fields = {after.field(i).name: after.field(i) for i in range(after.num_fields)}
+    assert fields["c__v2"].metadata[b"pgcdc.column"] == b"c"
+    assert fields["c__v2__v2"].metadata[b"pgcdc.column"] == b"c__v2"
+    assert_silver_equals_source(pg_conn, table_uri(str(lakehouse), "silver", "public", "s"),
+                                "public", "s", ["id"])
+    silver = DeltaTable(table_uri(str(lakehouse), "silver", "public", "s"))
+    assert {"c", "c__v2"} <= set(pa.schema(silver.schema().to_arrow()).names)

@@ -91,6 +91,30 @@ def test_assign_field_versions_in_order():
     assert versions([int4, other, v2], "c") == [int4, v2]
 
 
+def test_versioned_names_never_take_another_columns_name():
+    """A real column ``c__v2`` (any letter case) and ``c``'s versions stay apart (issue 18)."""
+    int4, int8 = field("int4"), field("int8")
+    real = field("text", column="c__v2")
+    # the real column is committed, or only in the table (new in this run), or differs in case
+    assert assign_field("c", int8, [int4, real]) == "c__v3"
+    assert assign_field("c", int8, [int4], columns=["c", "c__v2"]) == "c__v3"
+    assert assign_field("c", int8, [int4], columns=["c", "C__V2", "c__v3"]) == "c__v4"
+    assert assign_field("c__v2", real, [int4, real]) == "c__v2"
+    # a column added under the name of c's existing versioned field gets a field of its own
+    v2 = renamed(conv("int8"), "c__v2").bronze_field
+    added = field("text", column="c__v2")
+    name = assign_field("c__v2", added, [int4, v2], columns=["c", "c__v2"])
+    assert name == "c__v2__v2"
+    stored = renamed(conv("text", column="c__v2"), name).bronze_field
+    assert column_of(stored) == "c__v2" and version_of(stored) == 2
+    assert versions([int4, v2, stored], "c") == [int4, v2]
+    assert versions([int4, v2, stored], "c__v2") == [stored]
+    # and each keeps its field afterwards; the next change of either skips the other's names
+    assert assign_field("c", int8, [int4, v2, stored], columns=["c", "c__v2"]) == "c__v2"
+    assert assign_field("c__v2", added, [int4, v2, stored], columns=["c", "c__v2"]) == name
+    assert assign_field("c", int4, [int4, v2, stored], columns=["c", "c__v2"]) == "c__v3"
+
+
 def test_versioned_converter_keeps_the_columns_schema_and_values():
     base = conv("int8")
     v = renamed(base, "c__v2")

@@ -15,6 +15,7 @@ from pgcdc_dagster.lake.paths import (
     decode_segment,
     encode_segment,
     internal_uri,
+    probe_prefix,
     slot_root,
     table_names,
     table_segments,
@@ -103,6 +104,14 @@ def test_internal_paths_unchanged_and_out_of_reach() -> None:
                 "/lake/bronze/_pgcdc/")
     with pytest.raises(ValueError, match="no source table"):
         table_names("_pgcdc", "messages")
+
+
+def test_no_slot_state_shares_the_commit_probe_directory() -> None:
+    """PostgreSQL slot names are ``[a-z0-9_]{1,63}``; none maps onto the probe's segment."""
+    assert probe_prefix("/lake") == "/lake/_pgcdc/~commit_probe"
+    for slot in ("commit_probe", "_commit_probe", "commit_probe_", "x" * 63):
+        assert not probe_prefix("/lake").startswith(slot_root("/lake", slot))
+        assert not slot_root("/lake", slot).startswith(probe_prefix("/lake"))
 
 
 def test_longest_names_fit_file_names() -> None:

@@ -105,3 +105,32 @@ def test_tag_values() -> None:
     for name in HOSTILE:
         value = names.tag_value(name)
         assert value is None or is_valid_strict_tag_value(value)
+
+
+def test_table_ids_keep_ordinary_names_and_are_injective() -> None:
+    """The engine's text identity of a table (issue 18): ``"a.b".c`` and ``a."b.c"`` apart."""
+    assert names.table_id("public", "orders") == "public.orders"
+    assert names.table_id("a.b", "c") == '"a.b".c'
+    assert names.table_id("a", "b.c") == 'a."b.c"'
+    assert names.table_id("%s", "{}") == "%s.{}"
+    pool = [*HOSTILE, "", "a.b.c", '"', '""', "a.", ".b", *_random_names(200)]
+    seen: dict[str, tuple[str, str]] = {}
+    for schema, table in itertools.product(pool[:60], pool):
+        ident = names.table_id(schema, table)
+        assert names.parse_table_id(ident) == (schema, table), ident
+        assert names.parse_table_id(f"  {ident} ") == (schema, table)
+        assert seen.setdefault(ident, (schema, table)) == (schema, table)
+    for schema, table in itertools.product(ORDINARY, ORDINARY):
+        assert names.table_id(schema, table) == f"{schema}.{table}"
+
+
+def test_unquoted_dotted_names_are_ambiguous_unless_one_table_reads_so() -> None:
+    with pytest.raises(ValueError, match=r'ambiguous.*a\."b\.c" or "a\.b"\.c'):
+        names.parse_table_id("a.b.c")
+    with pytest.raises(ValueError, match=r"not <schema>\.<table>"):
+        names.parse_table_id("nodot")
+    assert names.resolve_table_id("a.b.c", [("a.b", "c"), ("x", "y")]) == ("a.b", "c")
+    with pytest.raises(ValueError, match="ambiguous"):
+        names.resolve_table_id("a.b.c", [("a.b", "c"), ("a", "b.c")])
+    assert names.resolve_table_id('"a.b".c', [("a.b", "c"), ("a", "b.c")]) == ("a.b", "c")
+    assert names.splits("a.b.c") == [("a", "b.c"), ("a.b", "c")]
