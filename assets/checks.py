@@ -27,7 +27,7 @@ from deltalake.exceptions import DeltaError
 
 from assets.capture import CAPTURE_POOL
 from assets.keys import SLOT_KEY, bronze_key, multi_check, silver_key, table_of_key
-from pgcdc_dagster.capture.runner import select_contexts
+from pgcdc_dagster.capture.snapshot import load_capture
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import PgCdcError
@@ -45,6 +45,7 @@ from pgcdc_dagster.ops.schema_drift import compare_schemas, silver_schema_of
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import HEALTHY_WAL_STATUS, SlotHealth, slot_health
 from pgcdc_dagster.postgres.connection import redact
+from pgcdc_dagster.postgres.privileges import explain_error
 from resources import CaptureResource, LakehouseResource, PostgresResource
 
 MATCHES_SOURCE = "matches_source"
@@ -93,22 +94,25 @@ def _per_table(context: dg.AssetCheckExecutionContext, postgres: PostgresResourc
     keys = _selected(context)
     try:
         settings = capture.settings(postgres.dsn, lakehouse.root)
-        contexts = {c.relation.qualified: c
-                    for c in select_contexts(settings, {_table(k) for k in keys})}
+        captured, skipped = load_capture(settings)
+        contexts = {c.relation.qualified: c for c in captured}
+        left_out = {(t.schema, t.table): t for t in skipped}
     except _EXPECTED_ERRORS as exc:
         for key in keys:
-            yield _not_evaluated(key, redact(str(exc)))
+            yield _not_evaluated(key, explain_error(exc, redact))
         return
     for key in keys:
         ctx = contexts.get(_table(key))
         if ctx is None:
-            yield _not_evaluated(key, f"{display_name(*_table(key))} is no longer captured "
+            why = left_out.get(_table(key))  # e.g. SELECT revoked: the reason and the GRANT
+            yield _not_evaluated(key, why.describe() if why is not None else
+                                 f"{display_name(*_table(key))} is no longer captured "
                                  "(dropped, or not matched by the include list)")
             continue
         try:
             yield evaluate(key, ctx)
         except _EXPECTED_ERRORS as exc:
-            yield _not_evaluated(key, redact(str(exc)))
+            yield _not_evaluated(key, explain_error(exc, redact))
 
 
 def _consistency_result(key: dg.AssetCheckKey, report: ConsistencyReport) -> dg.AssetCheckResult:
@@ -256,7 +260,7 @@ def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableCo
             try:
                 yield evaluate()
             except _EXPECTED_ERRORS as exc:
-                yield _not_evaluated(key, redact(str(exc)))
+                yield _not_evaluated(key, explain_error(exc, redact))
 
 
 def slot_result(health: SlotHealth, settings: MonitorSettings) -> dg.AssetCheckResult:
@@ -307,7 +311,7 @@ def build_asset_checks(tables: Sequence[tuple[str, str]],
         try:
             return slot_result(slot_health(postgres.dsn, capture.slot), settings)
         except _EXPECTED_ERRORS as exc:
-            return _not_evaluated(key, redact(str(exc)))
+            return _not_evaluated(key, explain_error(exc, redact))
 
     checks.append(slot_healthy)
     return checks

@@ -36,6 +36,7 @@ from pgcdc_dagster.ops.pending_changes import count_pending_changes
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import slot_health
 from pgcdc_dagster.postgres.connection import redact
+from pgcdc_dagster.postgres.privileges import explain_error
 from resources import CaptureResource, PostgresResource
 from resources.capture import split_list
 
@@ -103,8 +104,8 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
                 count = count_pending_changes(postgres.dsn, capture.slot, capture.publication,
                                               upto, threshold)
             except psycopg2.Error as exc:
-                message = (exc.pgerror or str(exc)).strip().splitlines()[0]
-                return skip(f"{below}; pending changes not counted: {redact(message)}")
+                return skip(f"{below}; pending changes not counted: "
+                            f"{explain_error(exc, redact).splitlines()[0]}")
             pending = count.changes
             if events:
                 events[0] = dg.AssetObservation(asset_key=SLOT_KEY, metadata={

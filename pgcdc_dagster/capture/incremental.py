@@ -57,7 +57,7 @@ from pgcdc_dagster.postgres.chunks import (
 )
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import current_database
-from pgcdc_dagster.postgres.privileges import explains_privileges
+from pgcdc_dagster.postgres.privileges import check_capture_privileges, explains_privileges
 from pgcdc_dagster.postgres.signals import canonical_condition, validate_condition
 from pgcdc_dagster.postgres.slot_lock import slot_guard
 
@@ -386,6 +386,8 @@ def run_incremental(settings: CaptureSettings, *,
             "the slot's stream, and plugin.name = decoderbufs does not send them; use "
             "pgoutput or wal2json (PGCDC_PLUGIN_NAME) for a slot that runs incremental "
             "snapshots, or re-snapshot with snapshot.mode = always")
+    with connection(settings.dsn) as conn:  # up front: the slot needs REPLICATION
+        check_capture_privileges(conn, settings.publication, (), "disabled")
     with slot_guard(settings.dsn, settings.slot):
         return _run_incremental(settings, only, progress, max_rounds)
 

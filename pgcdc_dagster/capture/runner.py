@@ -24,7 +24,7 @@ from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import SkippedTable, current_database
-from pgcdc_dagster.postgres.privileges import explains_privileges
+from pgcdc_dagster.postgres.privileges import check_capture_privileges, explains_privileges
 from pgcdc_dagster.postgres.slot import ensure_publication, slot_info
 from pgcdc_dagster.postgres.slot_lock import slot_guard
 from pgcdc_dagster.spark.lazy import SparkLike
@@ -101,10 +101,13 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
     contexts = captured if only is None else [c for c in captured
                                               if c.relation.qualified in only]
     run = BronzeRun(contexts, skipped=skipped)
-    if settings.publication_autocreate == "filtered":
-        # Debezium's filtered mode: the publication holds exactly the captured tables; a
-        # table removed from the capture set leaves it (nothing decodes it for nothing).
-        with connection(settings.dsn) as conn:
+    with connection(settings.dsn) as conn:
+        # Up front: REPLICATION and what the publication needs, every shortfall named.
+        check_capture_privileges(conn, settings.publication, [c.relation for c in captured],
+                                 settings.publication_autocreate, prune=True)
+        if settings.publication_autocreate == "filtered":
+            # Debezium's filtered mode: the publication holds exactly the captured tables; a
+            # table removed from the capture set leaves it (nothing decodes it for nothing).
             ensure_publication(conn, settings.publication, [c.relation for c in captured],
                                "filtered", prune=True)
     run.snapshot = run_snapshot(settings, spark, force=force_snapshot_step, contexts=captured,

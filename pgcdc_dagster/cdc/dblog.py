@@ -147,7 +147,9 @@ class ChunkWindow:
 
     def _is_mine(self, mark: Watermark | None, kind: str) -> bool:
         return (mark is not None and mark.kind == kind and mark.snapshot_id == self.snapshot_id
-                and mark.chunk == self.chunk and mark.table == ".".join(self.table))
+                and mark.chunk == self.chunk
+                # table_id since issue 18; a snapshot started before wrote the plain name
+                and mark.table in (table_id(*self.table), ".".join(self.table)))
 
     def high_watermark(self, window: Window) -> LogicalMessage | None:
         for msg in window.messages:
@@ -344,9 +346,9 @@ def matching_tables(patterns: Sequence[str], tables: Iterable[tuple[str, str]]
                 if plain[flat] > 1:
                     same = sorted(table_id(s, t) for s, t in tables if f"{s}.{t}" == flat)
                     raise SignalError(
-                        f"data-collection {pattern!r} is ambiguous: {' and '.join(same)} "
-                        "both read as " + repr(flat) + "; double-quote the part that holds "
-                        "the dot, e.g. " + same[0])
+                        f"data-collection '{pattern}' is ambiguous: {' and '.join(same)} "
+                        f"both read as '{flat}'; double-quote the part that holds the dot, "
+                        f"e.g. {same[0]}")
                 out.append((schema, table))
                 break
     return out

@@ -274,3 +274,56 @@ def test_schema_types_fold_what_delta_does_not_keep() -> None:
     assert normalise_type(pa.timestamp("us")) != normalise_type(pa.timestamp("us", "UTC"))
     assert normalise_type(pa.large_list(pa.large_string())) == "list<string>"
     assert normalise_type(pa.decimal128(10, 2)) != normalise_type(pa.decimal128(10, 1))
+
+
+def test_checks_name_the_fix_for_missing_privileges(capture, pg_conn, pg_dsn) -> None:
+    """Checks run as a capture user short of privileges (a real role, issue 18): no raw
+    server error, the missing grant named (no REPLICATION: the ALTER ROLE; no SELECT: the
+    table is left out, with its GRANT; USAGE on the schema revoked: PostgreSQL's refusal
+    with the GRANT USAGE)."""
+    definitions, instance, _ = capture
+    run(definitions, instance, "initial_snapshot")
+    role = "cdc_checker"
+    with pg_conn.cursor() as cur:
+        cur.execute(f"CREATE ROLE {role} LOGIN; GRANT SELECT ON items TO {role}")
+    try:
+        dsn = " ".join([p for p in pg_dsn.split() if not p.startswith("user=")]
+                       + [f"user={role}", "password='Zq9 x7Kw'"])
+        as_role = build_definitions(TABLES, {**definitions.resources,
+                                             "postgres": PostgresResource(dsn=dsn)},
+                                    settings=MonitorSettings())
+
+        def checks() -> dict[tuple[str, str], dg.AssetCheckEvaluation]:
+            result = as_role.resolve_job_def("capture_checks").execute_in_process(
+                instance=instance)
+            assert result.success
+            return {("/".join(e.asset_key.path), e.check_name): e
+                    for e in result.get_asset_check_evaluations()}
+
+        found = checks()  # the comparison reads the slot's pending changes: REPLICATION
+        items = found[("silver/public/items", "matches_source")]
+        assert not items.passed
+        assert "ALTER ROLE <capture user> WITH REPLICATION" in str(items.description)
+        with pg_conn.cursor() as cur:
+            cur.execute(f"ALTER ROLE {role} WITH REPLICATION")
+        found = checks()
+        assert found[("silver/public/items", "matches_source")].passed
+        tags = found[("silver/public/tags", "matches_source")]
+        assert not tags.passed and "no SELECT privilege" in str(tags.description)
+        assert "GRANT SELECT ON public.tags TO <capture user>" in str(tags.description)
+
+        with pg_conn.cursor() as cur:
+            cur.execute(f"REVOKE USAGE ON SCHEMA public FROM PUBLIC, {role}")
+        found = checks()
+        items = found[("silver/public/items", "matches_source")]
+        assert not items.passed
+        assert "GRANT USAGE ON SCHEMA <schema> TO <capture user>" in str(items.description)
+        for evaluation in found.values():
+            text = str(evaluation.description)
+            assert "Zq9" not in text and "x7Kw" not in text
+            if "permission denied" in text:
+                assert "Fix:" in text, text
+    finally:
+        with pg_conn.cursor() as cur:
+            cur.execute(f"GRANT USAGE ON SCHEMA public TO PUBLIC; DROP OWNED BY {role}; "
+                        f"DROP ROLE {role}")

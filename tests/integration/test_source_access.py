@@ -12,6 +12,7 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
+from pgcdc_dagster.capture.incremental import run_incremental
 from pgcdc_dagster.capture.runner import run_bronze
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.exceptions import ConfigurationError, SourceUnavailableError
@@ -170,7 +171,8 @@ def test_privilege_errors_name_the_fix(pg_dsn, pg_conn, role, spark, lakehouse) 
                     "PRIMARY KEY)")
         cur.execute(sql.SQL("GRANT SELECT ON orders TO {}").format(sql.Identifier(role)))
         cur.execute("SELECT current_database()")
-        database = sql.Identifier(cur.fetchone()[0])
+        database_name = cur.fetchone()[0]
+        database = sql.Identifier(database_name)
     dsn = _as(pg_dsn, role)
 
     # no SELECT: left out under a wildcard, refused with the GRANT when named
@@ -186,25 +188,65 @@ def test_privilege_errors_name_the_fix(pg_dsn, pg_conn, role, spark, lakehouse) 
     with pytest.raises(ConfigurationError, match="ALTER ROLE <capture user> WITH REPLICATION"):
         connect(dsn, replication=True)
 
-    # filtered publication: CREATE on the database, then ownership of the tables
-    with pytest.raises(ConfigurationError, match="GRANT CREATE ON DATABASE"):
-        run_bronze(_settings(dsn, lakehouse), spark, force_snapshot_step=True)
+    # Up front, before anything is created at the source: every shortfall with its fix.
+    secret_dsn = f"{dsn} password='{PASSWORD.replace(chr(39), chr(92) + chr(39))}'"
+
+    def refused() -> str:
+        with pytest.raises(ConfigurationError) as err:
+            run_bronze(_settings(secret_dsn, lakehouse), spark,
+                       force_snapshot_step=True)
+        message = str(err.value)
+        _no_secret(message)
+        assert "nothing was changed at the source" in message
+        with pg_conn.cursor() as cur:  # and indeed: no slot, no publication made
+            cur.execute("SELECT (SELECT count(*) FROM pg_replication_slots WHERE database = "
+                        "current_database()), (SELECT count(*) FROM pg_publication WHERE "
+                        "pubname = 'access')")
+            assert cur.fetchone() == (0, 0)
+        return message
+
+    message = refused()
+    assert f"ALTER ROLE {role} WITH REPLICATION" in message and "rds_replication" in message
+    assert f"GRANT CREATE ON DATABASE {database_name} TO {role}" in message
+    assert f"ALTER TABLE public.orders OWNER TO {role}" in message
+    assert "CREATE PUBLICATION access FOR TABLE public.orders" in message
+    assert "publication.autocreate.mode = disabled" in message
     with pg_conn.cursor() as cur:
         cur.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
             database, sql.Identifier(role)))
-    with pytest.raises(ConfigurationError) as err:
-        run_bronze(_settings(dsn, lakehouse), spark, force_snapshot_step=True)
-    assert "must be owner of table orders" in str(err.value)
-    assert "publication.autocreate.mode = disabled" in str(err.value)
+    message = refused()
+    assert "GRANT CREATE" not in message and "(owner: " in message
+    assert "REPLICATION" in message
 
-    # a DBA-made publication, capture told not to touch it: now the slot needs REPLICATION
+    # The table is the role's now, but the publication is the DBA's and lacks it.
     with pg_conn.cursor() as cur:
-        cur.execute("CREATE PUBLICATION access FOR TABLE orders")
+        cur.execute(sql.SQL("ALTER TABLE orders OWNER TO {}").format(sql.Identifier(role)))
+        cur.execute("CREATE PUBLICATION access FOR TABLE secret")
     with pytest.raises(ConfigurationError) as err:
-        run_bronze(_settings(dsn, lakehouse, publication_autocreate="disabled"), spark,
-                   force_snapshot_step=True)
-    assert "REPLICATION" in str(err.value) and "rds_replication" in str(err.value)
+        run_bronze(_settings(secret_dsn, lakehouse), spark, force_snapshot_step=True)
+    assert "publication access belongs to" in str(err.value)
+    assert f"OWNER TO {role}" in str(err.value) and "ALTER TABLE" not in str(err.value)
+    _no_secret(str(err.value))
+
+    # A DBA-made publication, capture told not to touch it: only REPLICATION is missing,
+    # for the bronze runs and for the incremental snapshots alike.
+    with pg_conn.cursor() as cur:
+        cur.execute("ALTER PUBLICATION access SET TABLE orders")
+    settings = _settings(secret_dsn, lakehouse, publication_autocreate="disabled")
+    for attempt in (lambda: run_bronze(settings, spark, force_snapshot_step=True),
+                    lambda: run_incremental(settings)):
+        with pytest.raises(ConfigurationError) as err:
+            attempt()
+        assert "REPLICATION" in str(err.value) and "publication" not in str(err.value)
+        _no_secret(str(err.value))
     with pg_conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM pg_replication_slots WHERE database = "
                     "current_database()")
         assert cur.fetchone()[0] == 0
+
+    # Granted: the same run captures.
+    with pg_conn.cursor() as cur:
+        cur.execute(sql.SQL("ALTER ROLE {} WITH REPLICATION").format(sql.Identifier(role)))
+        cur.execute("INSERT INTO orders VALUES (1), (2)")
+    run = run_bronze(settings, spark, force_snapshot_step=True)
+    assert run.snapshot is not None and run.snapshot.rows == 2
