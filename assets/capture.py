@@ -416,7 +416,18 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
 def _previous(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[int | None, int | None]:
     """Delta version and bronze version applied (silver), as the previous materialization
     recorded them (None, None for the first one)."""
-    event = instance.get_latest_materialization_event(key)
+    return recorded_versions(instance.get_latest_materialization_event(key))
+
+
+def previous_of(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey]
+                ) -> dict[dg.AssetKey, tuple[int | None, int | None]]:
+    """:func:`_previous` of many assets, read in one query (issue 16)."""
+    events = instance.get_latest_materialization_events(keys) if keys else {}
+    return {key: recorded_versions(events.get(key)) for key in keys}
+
+
+def recorded_versions(event: dg.EventLogEntry | None) -> tuple[int | None, int | None]:
+    """Delta version and bronze version applied, as a materialization recorded them."""
     if event is None or event.asset_materialization is None:
         return None, None
     meta = event.asset_materialization.metadata

@@ -34,10 +34,10 @@ from assets.capture import (
     META_TABLES,
     BronzeConfig,
     _bronze_metadata,
-    _previous,
     _silver_metadata,
     meta_key,
     meta_table_metadata,
+    previous_of,
     skipped_metadata,
 )
 from assets.checks import CAPTURE_RUN, light_check_results
@@ -46,6 +46,7 @@ from assets.partitions import ensure_partitions
 from assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
+from pgcdc_dagster.lake.delta import shared_reads
 from pgcdc_dagster.ops.delta_stats import TableStats, table_stats
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import slot_health
@@ -78,9 +79,9 @@ def _silver_may_lag(instance: dg.DagsterInstance, run_id: str) -> bool:
     return True  # none recent: be safe
 
 
-def _before(instance: dg.DagsterInstance, key: dg.AssetKey, uri: str) -> TableStats:
-    """The table as its previous materialization left it (nothing before the first)."""
-    version, _ = _previous(instance, key)
+def _before(version: int | None, uri: str) -> TableStats:
+    """The table as its previous materialization (its Delta ``version``) left it (nothing
+    before the first)."""
     return table_stats(uri, version) if version is not None else TableStats(None)
 
 
@@ -138,47 +139,55 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                              "matched by the include list): reload the code location")
         changed = run.changed()
         health = slot_health(postgres.dsn, capture.slot)
-        for ctx in changed:
-            key = bronze_key(*ctx.relation.qualified)
-            context.log_event(dg.AssetMaterialization(asset_key=key, metadata={
-                **_bronze_metadata(run, ctx, _before(instance, key, ctx.bronze_uri), seconds,
-                                   None if run.stream is not None else health),
-                **skipped_metadata(run.skipped)}))
-        meta_events = run.stream.events_by_table() if run.stream is not None else {}
-        for meta_name in META_TABLES:
-            if internal_events_key(meta_name) not in meta_events:
-                continue
-            key = meta_key(meta_name)
-            uri = lakehouse.internal(meta_name)
-            context.log_event(dg.AssetMaterialization(asset_key=key, metadata=(
-                meta_table_metadata(run.stream, meta_name, uri, _before(instance, key, uri),
-                                    seconds))))
+        with shared_reads():  # each table opened once for its metadata (issue 16)
+            bronze_before = previous_of(instance, [bronze_key(*c.relation.qualified)
+                                                   for c in changed])
+            for ctx in changed:
+                key = bronze_key(*ctx.relation.qualified)
+                context.log_event(dg.AssetMaterialization(asset_key=key, metadata={
+                    **_bronze_metadata(run, ctx, _before(bronze_before[key][0], ctx.bronze_uri),
+                                       seconds,
+                                       None if run.stream is not None else health),
+                    **skipped_metadata(run.skipped)}))
+            meta_events = run.stream.events_by_table() if run.stream is not None else {}
+            for meta_name in META_TABLES:
+                if internal_events_key(meta_name) not in meta_events:
+                    continue
+                key = meta_key(meta_name)
+                uri = lakehouse.internal(meta_name)
+                context.log_event(dg.AssetMaterialization(asset_key=key, metadata=(
+                    meta_table_metadata(run.stream, meta_name, uri,
+                                        _before(previous_of(instance, [key])[key][0], uri),
+                                        seconds))))
         names = {c.name for c in changed}
         silver_of = changed + [c for c in run.contexts if sweep and c.name not in names]
         if silver_of:
             context.log.info(f"silver of {len(silver_of)} tables "
                              f"({len(changed)} changed by this run)")
-        previous = {c.name: _previous(instance, silver_key(*c.relation.qualified))
+        silver_before = previous_of(instance, [silver_key(*c.relation.qualified)
+                                               for c in silver_of])
+        previous = {c.name: silver_before[silver_key(*c.relation.qualified)]
                     for c in silver_of}
         befores = {c.name: table_stats(c.silver_uri, previous[c.name][0])
                    if previous[c.name][0] is not None else TableStats(None) for c in silver_of}
         reports = apply_silver_tables(silver_of, handle, cap.silver_spark_threshold_rows)
-        for ctx, report in zip(silver_of, reports, strict=True):
-            if ctx.name not in names and report.events == 0 and \
-                    report.bronze_from == report.bronze_to:
-                continue  # swept, nothing to apply: not a materialization
-            context.log_event(dg.AssetMaterialization(
-                asset_key=silver_key(*ctx.relation.qualified),
-                metadata=_silver_metadata(report, ctx, befores[ctx.name],
-                                          previous[ctx.name][1], health)))
-        context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
-            **_run_range(run), "tables_changed": len(changed),
-            "tables_captured": len(run.contexts), "duration_s": round(seconds, 3),
-            "lag_bytes": health.lag_bytes, "wal_status": str(health.wal_status),
-            **skipped_metadata(run.skipped)}))
-        for result in light_check_results(instance, changed, health, settings):
-            # log_event records check evaluations too (its annotation lists the others only)
-            context.log_event(_evaluation(result))  # type: ignore[arg-type]
+        with shared_reads():
+            for ctx, report in zip(silver_of, reports, strict=True):
+                if ctx.name not in names and report.events == 0 and \
+                        report.bronze_from == report.bronze_to:
+                    continue  # swept, nothing to apply: not a materialization
+                context.log_event(dg.AssetMaterialization(
+                    asset_key=silver_key(*ctx.relation.qualified),
+                    metadata=_silver_metadata(report, ctx, befores[ctx.name],
+                                              previous[ctx.name][1], health)))
+            context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
+                **_run_range(run), "tables_changed": len(changed),
+                "tables_captured": len(run.contexts), "duration_s": round(seconds, 3),
+                "lag_bytes": health.lag_bytes, "wal_status": str(health.wal_status),
+                **skipped_metadata(run.skipped)}))
+            for result in light_check_results(instance, changed, health, settings):
+                # log_event records check evaluations too (its annotation lists the others only)
+                context.log_event(_evaluation(result))  # type: ignore[arg-type]
 
     return capture_op
 

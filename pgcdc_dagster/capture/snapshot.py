@@ -7,11 +7,14 @@ or a temporary slot next to the existing one) and why resuming at a later point 
 
 Parallel and bounded: tables are split into key ranges (CTID ranges without a key), each
 chunk is a Spark task that COPYs its range and writes one bronze and one silver Parquet file
-(``spark/snapshot_tasks.py``); the driver records each finished chunk in the progress table
-(``snapshot_state``) and, once all chunks of a table are in, commits the table through
-delta-rs: one bronze append (``op = r`` events; the table's offset = the smallest point its
-chunks were read at) and one silver **overwrite**, so a re-snapshot replaces silver and never
-merges over it (keys deleted in between cannot survive as phantom rows).
+(``spark/snapshot_tasks.py``); chunks of small tables share a task. The driver records the
+finished chunks in the progress table (``snapshot_state``; one append per batch of results)
+and, once all chunks of a table are in, commits the table through delta-rs: one bronze append
+(``op = r`` events; the table's offset = the smallest point its chunks were read at) and one
+silver **overwrite**, so a re-snapshot replaces silver and never merges over it (keys deleted
+in between cannot survive as phantom rows). Tables finished together are committed by a few
+threads at once and recorded with one append (issue 16: a thousand small tables cost little
+more per table than their commits).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,6 +50,7 @@ from pgcdc_dagster.capture.snapshot_state import (
     ChunkDone,
     SnapshotLog,
     SnapshotState,
+    TableDone,
     TableName,
     TablePlan,
     progress_uri,
@@ -59,7 +64,7 @@ from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
 from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.paths import is_local
-from pgcdc_dagster.lake.schema_history import history_uri, read_histories
+from pgcdc_dagster.lake.schema_history import HistoryBatch, history_uri, read_histories
 from pgcdc_dagster.lake.storage import storage_options
 from pgcdc_dagster.names import resolve_table_id, table_id
 from pgcdc_dagster.postgres.connection import connection
@@ -86,20 +91,35 @@ from pgcdc_dagster.postgres.snapshot_read import (
     chunk_counts,
     create_plain_slot,
     key_columns,
+    key_columns_of,
     plan_chunks,
     plan_key_chunks,
     published_tables,
     table_size,
+    table_sizes,
     temporary_exported_snapshot,
     validate_override,
 )
 from pgcdc_dagster.spark.lazy import LazySpark, SparkLike
-from pgcdc_dagster.spark.snapshot_tasks import ChunkResult, ChunkTask, run_chunks, warm_workers
+from pgcdc_dagster.spark.snapshot_tasks import (
+    ChunkResult,
+    ChunkTask,
+    Unit,
+    group_small,
+    run_chunks,
+    warm_workers,
+)
 
 if TYPE_CHECKING:
     import psycopg2.extensions
 
 log = logging.getLogger(__name__)
+
+COMMIT_THREADS = 4
+"""Tables committed at once (delta-rs commits wait on storage more than on the CPU)."""
+PROGRESS_EVERY_S = 5.0
+"""A progress line for a chunk of a single-chunk table at most this often (each line is an
+event in the Dagster run's log): chunks of tables read in several are each reported."""
 
 
 @dataclass
@@ -119,6 +139,8 @@ class SnapshotReport:
     """Rows read by this run (chunks kept from an interrupted run excluded)."""
     resumed_chunks: int = 0
     chunks_read: int = 0
+    spark_tasks: int = 0
+    """Spark tasks the chunks were read in (small tables' chunks share tasks)."""
     empty_tables: list[str] = field(default_factory=list)
     """Tables given an offset without data (no_data, snapshot.include.collection.list)."""
     last_progress: SnapshotProgress | None = None
@@ -139,12 +161,17 @@ def load_capture(settings: CaptureSettings) -> tuple[list[TableContext], list[Sk
         check_server(conn)
         key_for = parse_column_options(tuple(settings.column_options)).key_for
         found = resolve_capture(conn, settings.include, settings.exclude, key_for=key_for)
-        # Types resolved and the schema history read once for every table.
+        # Types resolved, the schema history read once and its new entries written in one
+        # append, for every table.
         types: dict[int, PgType] = {}
         histories = read_histories(history_uri(settings.lakehouse)) \
             if settings.lakehouse else None
-        return [build_context(conn, r, settings, type_cache=types, histories=histories)
-                for r in found.relations], found.skipped
+        batch = HistoryBatch(history_uri(settings.lakehouse)) if settings.lakehouse else None
+        contexts = [build_context(conn, r, settings, type_cache=types, histories=histories,
+                                  history_batch=batch) for r in found.relations]
+        if batch is not None:
+            batch.flush()
+        return contexts, found.skipped
 
 
 def load_contexts(settings: CaptureSettings) -> list[TableContext]:
@@ -331,11 +358,29 @@ class _SnapshotRun:
     def _plans(self, conn: psycopg2.extensions.connection,
                names: Sequence[TableName]) -> list[TablePlan]:
         """Plans of the tables, their chunk counts chosen together (:func:`chunk_counts`)."""
-        sizes = [table_size(conn, *name) for name in names]
+        found = self._sizes(conn, names)
+        sizes = [found[name] for name in names]
+        self._keys(conn, names)
         counts = chunk_counts([s.bytes for s in sizes], self.settings.snapshot_chunk_bytes,
                               self._slots())
         return [self._plan(conn, name, size, count)
                 for name, size, count in zip(names, sizes, counts, strict=True)]
+
+    @staticmethod
+    def _sizes(conn: psycopg2.extensions.connection, names: Sequence[TableName]
+               ) -> dict[TableName, TableSize]:
+        """Every table's size in one query (one not found raises :func:`table_size`'s
+        error)."""
+        found = table_sizes(conn, names)
+        for name in names:
+            if name not in found:
+                found[name] = table_size(conn, *name)
+        return found
+
+    def _keys(self, conn: psycopg2.extensions.connection, names: Sequence[TableName]) -> None:
+        """Every table's key columns in one query."""
+        missing = [n for n in names if n not in self.keys]
+        self.keys.update(key_columns_of(conn, missing))
 
     def _plan(self, conn: psycopg2.extensions.connection, name: TableName, size: TableSize,
               count: int) -> TablePlan:
@@ -373,10 +418,9 @@ class _SnapshotRun:
         report.consistent_point = Lsn(point.lsn)
         with connection(self.settings.dsn) as conn:
             state, kept = self._state(conn, decision, stream_from)
-            sizes = {n: table_size(conn, *n) for n in state.plans if n in self.contexts}
-            for name in state.plans:
-                if name in self.contexts:
-                    self._key(conn, name)
+            planned = [n for n in state.plans if n in self.contexts]
+            sizes = self._sizes(conn, planned)
+            self._keys(conn, planned)
         report.snapshot_id = state.snapshot_id
         report.resumed_chunks = sum(len(c) for c in kept.values())
         tables = [n for n in state.tables if n in state.plans and n in self.contexts
@@ -391,6 +435,10 @@ class _SnapshotRun:
         done: dict[TableName, dict[int, ChunkDone]] = {n: dict(kept.get(n, {})) for n in tables}
         vanished: dict[TableName, str] = {}
         fatal: list[Exception] = []
+        fresh: list[tuple[TablePlan, ChunkDone]] = []  # read, not yet in the progress table
+        ready: list[TableName] = []  # every chunk in, not yet committed
+        recorded = [0]
+        last_line = [0.0]
 
         def proceed(task: ChunkTask) -> bool:
             return not fatal and task.chunk.qualified not in vanished
@@ -406,29 +454,47 @@ class _SnapshotRun:
                 elif not fatal:
                     fatal.append(exc)
                 return
+            plan = state.plans[name]
             chunk_done = ChunkDone(result.chunk.index, result.lsn, result.rows, result.bronze,
                                    result.silver)
-            self.log.chunks_done(state.snapshot_id, [(state.plans[name], chunk_done)])
+            fresh.append((plan, chunk_done))
             done[name][chunk_done.index] = chunk_done
             report.rows_read += result.rows
             report.chunks_read += 1
-            crash_point(f"snapshot_after_chunk_{report.chunks_read}")
             info = tracker.add(table_id(*name), result.rows)
             report.last_progress = info
-            self.progress(info.message())
+            now = time.monotonic()
+            if len(plan.chunks) > 1 or info.chunks_done >= info.chunks_total or \
+                    now - last_line[0] >= PROGRESS_EVERY_S:
+                last_line[0] = now
+                self.progress(info.message())
             if self.on_progress is not None:
                 self.on_progress(info)
-            if len(done[name]) == len(state.plans[name].chunks):
-                report.tables.append(self._commit(state, name, done[name], len(kept.get(name,
-                                                                                       {}))))
+            if len(done[name]) == len(plan.chunks):
+                ready.append(name)
 
-        for name in tables:  # complete before this run (crash before their commit)
-            if len(done[name]) == len(state.plans[name].chunks):
-                report.tables.append(self._commit(state, name, done[name],
-                                                  len(kept.get(name, {}))))
-        if tasks:  # the first Spark job: wait for the session here, not before
-            run_chunks(self.spark.get(), tasks, on_result,
-                       parallelism=self.settings.snapshot_max_threads, proceed=proceed)
+        def drained() -> None:
+            """Record the chunks received (one append), then commit the finished tables."""
+            if fresh:
+                self.log.chunks_done(state.snapshot_id, fresh)
+                fresh.clear()
+                for n in range(recorded[0] + 1, report.chunks_read + 1):
+                    crash_point(f"snapshot_after_chunk_{n}")
+                recorded[0] = report.chunks_read
+            if ready:
+                report.tables.extend(self._commit_many(state, ready, done, kept, pool))
+                ready.clear()
+
+        with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="pgcdc-commit") as pool:
+            # complete before this run (crash before their commit)
+            ready.extend(n for n in tables if len(done[n]) == len(state.plans[n].chunks))
+            drained()
+            if tasks:  # the first Spark job: wait for the session here, not before
+                report.spark_tasks = run_chunks(
+                    self.spark.get(), tasks, on_result,
+                    parallelism=self.settings.snapshot_max_threads, proceed=proceed,
+                    on_drained=drained)
+            drained()
         if fatal:
             raise fatal[0]
         for name in decision.empty_tables:
@@ -479,8 +545,10 @@ class _SnapshotRun:
 
     def _tasks(self, state: SnapshotState, tables: Sequence[TableName],
                kept: dict[TableName, dict[int, ChunkDone]], point: ExportedPoint,
-               sizes: dict[TableName, TableSize]) -> list[ChunkTask]:
-        tasks = []
+               sizes: dict[TableName, TableSize]) -> list[Unit]:
+        """The Spark tasks: each chunk to read, small tables' chunks grouped."""
+        tasks: list[ChunkTask] = []
+        small: list[int] = []  # heap bytes of a single-chunk table, -1 for the others
         now_ms = int(time.time() * 1000)
         order = [n for n in state.tables if n in state.plans]  # markers follow the plan
         for name in tables:
@@ -512,20 +580,42 @@ class _SnapshotRun:
                     statement_timeout_ms=self.settings.incremental_statement_timeout_ms
                     if name in self.overrides else 0,
                     storage=storage_options(ctx.bronze_uri)))
-        return tasks
+                small.append(size.bytes if len(plan.chunks) == 1 else -1)
+        return group_small(tasks, small, chunk_bytes=self.settings.snapshot_chunk_bytes,
+                           slots=self._slots())
 
     # --- committing ---------------------------------------------------------------------
 
-    def _commit(self, state: SnapshotState, name: TableName, done: dict[int, ChunkDone],
-                resumed: int) -> TableSnapshotReport:
-        report = commit_table(self.contexts[name], done, app_prefix=self.settings.app_prefix,
-                              snapshot_id=state.snapshot_id, mode=self.mode, resumed=resumed)
-        self.log.table_done(state.snapshot_id, name, report.lsn, report.rows,
-                            report.bronze_version, report.silver_version)
-        self.progress(f"{report.table}: {report.rows:,} rows committed (bronze "
-                      f"v{report.bronze_version}, silver v{report.silver_version} replaced), "
-                      f"offset {Lsn(report.lsn)}")
-        return report
+    def _commit_many(self, state: SnapshotState, names: Sequence[TableName],
+                     done: dict[TableName, dict[int, ChunkDone]],
+                     kept: dict[TableName, dict[int, ChunkDone]],
+                     pool: ThreadPoolExecutor) -> list[TableSnapshotReport]:
+        """Commit the tables (a few at once), then record them with one append; their
+        chunk records are dropped (the driver holds nothing per committed table but its
+        report)."""
+        def commit(name: TableName) -> TableSnapshotReport:
+            return commit_table(self.contexts[name], done[name],
+                                app_prefix=self.settings.app_prefix,
+                                snapshot_id=state.snapshot_id, mode=self.mode,
+                                resumed=len(kept.get(name, {})))
+
+        reports = [commit(names[0])] if len(names) == 1 else list(pool.map(commit, names))
+        self.log.tables_done(state.snapshot_id, [
+            TableDone(name, r.lsn, r.rows, r.bronze_version, r.silver_version)
+            for name, r in zip(names, reports, strict=True)])
+        for name, r in zip(names, reports, strict=True):
+            done.pop(name, None)
+            log.debug("%s: %s rows committed (bronze v%s, silver v%s replaced), offset %s",
+                      r.table, f"{r.rows:,}", r.bronze_version, r.silver_version, Lsn(r.lsn))
+        if len(reports) == 1:
+            r = reports[0]
+            self.progress(f"{r.table}: {r.rows:,} rows committed (bronze v{r.bronze_version}, "
+                          f"silver v{r.silver_version} replaced), offset {Lsn(r.lsn)}")
+        else:
+            self.progress(f"{len(reports)} tables committed ({sum(r.rows for r in reports):,} "
+                          f"rows): {', '.join(r.table for r in reports[:5])}"
+                          f"{', ...' if len(reports) > 5 else ''}")
+        return reports
 
     def _commit_empty(self, name: TableName, point: int) -> str:
         commit_empty(self.contexts[name], point, self.mode)

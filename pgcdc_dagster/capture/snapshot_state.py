@@ -106,6 +106,17 @@ class ChunkDone:
     silver: SnapshotFile | None
 
 
+@dataclass(frozen=True)
+class TableDone:
+    """A table whose bronze and silver commits are made."""
+
+    name: TableName
+    lsn: int
+    rows: int
+    bronze_version: int
+    silver_version: int
+
+
 @dataclass
 class SnapshotState:
     """Everything recorded about one snapshot run, as read back from the progress table."""
@@ -172,9 +183,14 @@ class SnapshotLog:
 
     def table_done(self, snapshot_id: int, name: TableName, lsn: int, rows: int,
                    bronze_version: int, silver_version: int) -> None:
-        self._append([_event(snapshot_id, "table_done", name, lsn=lsn, rows=rows,
-                             payload={"bronze_version": bronze_version,
-                                      "silver_version": silver_version})])
+        self.tables_done(snapshot_id, [TableDone(name, lsn, rows, bronze_version,
+                                                 silver_version)])
+
+    def tables_done(self, snapshot_id: int, done: Iterable[TableDone]) -> None:
+        """Record committed tables (one atomic append for the batch)."""
+        self._append([_event(snapshot_id, "table_done", t.name, lsn=t.lsn, rows=t.rows,
+                             payload={"bronze_version": t.bronze_version,
+                                      "silver_version": t.silver_version}) for t in done])
 
     def vanished(self, snapshot_id: int, name: TableName, message: str) -> None:
         self._append([_event(snapshot_id, "vanished", name, payload={"message": message})])

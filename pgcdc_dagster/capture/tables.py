@@ -31,7 +31,13 @@ from pgcdc_dagster.cdc.typeconv.defaults import with_default
 from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.evolution import SchemaChangeError
 from pgcdc_dagster.lake.paths import table_uri
-from pgcdc_dagster.lake.schema_history import Entry, HistoryRecorder, Shape, history_uri
+from pgcdc_dagster.lake.schema_history import (
+    Entry,
+    HistoryBatch,
+    HistoryRecorder,
+    Shape,
+    history_uri,
+)
 from pgcdc_dagster.lake.silver import silver_schema, toastable_columns
 from pgcdc_dagster.names import table_id
 from pgcdc_dagster.postgres.catalog import load_types, table_column_defaults, table_columns
@@ -217,8 +223,8 @@ def converters_for(columns: Sequence[Column], types: dict[int, object],
 def build_context(conn: psycopg2.extensions.connection, relation: Relation,
                   settings: CaptureSettings, *,
                   type_cache: MutableMapping[int, PgType] | None = None,
-                  histories: Mapping[tuple[str, str], list[Entry]] | None = None
-                  ) -> TableContext:
+                  histories: Mapping[tuple[str, str], list[Entry]] | None = None,
+                  history_batch: HistoryBatch | None = None) -> TableContext:
     """Resolve the relation's column types and build its context.
 
     Columns whose type Debezium omits are dropped; NOT NULL columns get required schemas
@@ -230,7 +236,8 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
     history at the table's offset when it is not the shape in force there.
 
     ``type_cache`` and ``histories`` (:func:`read_histories`) let a caller building many
-    contexts resolve types and read the schema history once for all of them.
+    contexts resolve types and read the schema history once for all of them; with
+    ``history_batch`` their new history entries are written together when it is flushed.
 
     Raises:
         SchemaChangeError: a key column's type changed since bronze stored it.
@@ -261,8 +268,8 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
     app_id = f"{settings.app_prefix}:bronze:{schema}.{table}"
     offset = committed_version(bronze, app_id)
     history = HistoryRecorder(history_uri(settings.lakehouse), schema, table,
-                              None if histories is None else histories.get((schema, table), [])
-                              ) if settings.lakehouse else None
+                              None if histories is None else histories.get((schema, table), []),
+                              batch=history_batch) if settings.lakehouse else None
     if history is not None:
         if offset is None:  # no event stored yet: the history starts here
             history.restart(Shape.of(rel, converters))

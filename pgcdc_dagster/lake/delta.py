@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -44,13 +47,48 @@ class DataFile:
     stats: str
 
 
+_SHARED: ContextVar[OrderedDict[tuple[str, int | None], DeltaTable] | None] = \
+    ContextVar("pgcdc_shared_tables", default=None)
+SHARED_TABLES = 16
+"""Tables :func:`shared_reads` keeps open (the most recently used): reports go table by
+table, so memory stays bounded whatever the table count."""
+
+
+@contextmanager
+def shared_reads() -> Iterator[None]:
+    """Within the block, :func:`load_table` reuses the tables (at each version) it opened
+    last instead of opening them again.
+
+    For reporting many tables' metadata and checks, which read each table several times (an
+    open replays the log: milliseconds each, times a thousand tables). Nothing in the block
+    may write a table or change a returned DeltaTable (``update_incremental``,
+    ``load_as_version``)."""
+    token = _SHARED.set(OrderedDict())
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
 def load_table(uri: str, version: int | None = None) -> DeltaTable:
     """The table at ``uri`` (at ``version``), with the lakehouse's storage options.
 
     Every DeltaTable of the package is opened here or by :func:`open_table`, so object-store
     credentials and endpoints (:mod:`pgcdc_dagster.lake.storage`) reach delta-rs.
     """
-    return DeltaTable(uri, version=version, storage_options=storage_options(uri))
+    shared = _SHARED.get()
+    if shared is None:
+        return DeltaTable(uri, version=version, storage_options=storage_options(uri))
+    table = shared.get((uri, version))
+    if table is None:
+        table = DeltaTable(uri, version=version, storage_options=storage_options(uri))
+        shared[(uri, version)] = table
+        shared[(uri, table.version())] = table
+        while len(shared) > SHARED_TABLES:
+            shared.popitem(last=False)
+    else:
+        shared.move_to_end((uri, version))
+    return table
 
 
 def open_table(uri: str) -> DeltaTable | None:

@@ -121,6 +121,23 @@ def shape_at(entries: Sequence[Entry], lsn: int, ordinal: int) -> Entry | None:
     return entries[i - 1] if i else None
 
 
+class HistoryBatch:
+    """Entries of many tables written with one append (a run loading a thousand tables'
+    contexts writes one commit, not one per table; issue 16). Recorders given a batch
+    buffer their entries in it until :meth:`flush`; afterwards they write directly."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.rows: list[dict[str, Any]] | None = []
+
+    def flush(self) -> None:
+        rows, self.rows = self.rows, None
+        if rows:
+            ensure_table(self.uri, HISTORY_SCHEMA)
+            write_table(self.uri, pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA),
+                        mode="append")
+
+
 class HistoryRecorder:
     """Records a table's shapes as events are written (cached; one Delta read per run).
 
@@ -128,13 +145,15 @@ class HistoryRecorder:
     """
 
     def __init__(self, uri: str, schema: str, table: str,
-                 entries: list[Entry] | None = None) -> None:
+                 entries: list[Entry] | None = None,
+                 batch: HistoryBatch | None = None) -> None:
         """``entries``: the table's history when the caller read it already
-        (:func:`read_histories`)."""
+        (:func:`read_histories`); ``batch``: buffer the entries there until it is flushed."""
         self.uri = uri
         self.schema = schema
         self.table = table
         self._entries: list[Entry] | None = entries
+        self._batch = batch
 
     def entries(self) -> list[Entry]:
         if self._entries is None:
@@ -169,12 +188,15 @@ class HistoryRecorder:
         current = shape_at(entries, lsn, ordinal)
         if current is not None and current.shape.shape_id == shape.shape_id:
             return False
-        row = pa.Table.from_pylist([{
-            "schema": self.schema, "table": self.table, "lsn": int(lsn),
-            "ordinal": int(ordinal), "shape_id": shape.shape_id, "columns": shape.columns,
-            "recorded_ms": int(time.time() * 1000)}], schema=HISTORY_SCHEMA)
-        ensure_table(self.uri, HISTORY_SCHEMA)
-        write_table(self.uri, row, mode="append")
+        row = {"schema": self.schema, "table": self.table, "lsn": int(lsn),
+               "ordinal": int(ordinal), "shape_id": shape.shape_id, "columns": shape.columns,
+               "recorded_ms": int(time.time() * 1000)}
+        if self._batch is not None and self._batch.rows is not None:
+            self._batch.rows.append(row)
+        else:
+            ensure_table(self.uri, HISTORY_SCHEMA)
+            write_table(self.uri, pa.Table.from_pylist([row], schema=HISTORY_SCHEMA),
+                        mode="append")
         entry = Entry(int(lsn), int(ordinal), shape)
         keys = [(e.lsn, e.ordinal) for e in entries]
         entries.insert(bisect.bisect_right(keys, (entry.lsn, entry.ordinal)), entry)

@@ -185,6 +185,32 @@ def key_columns(conn: psycopg2.extensions.connection, schema: str,
     return [KeyColumn(name, typ) for name, typ, is_primary in rows if is_primary == primary]
 
 
+def key_columns_of(conn: psycopg2.extensions.connection, names: Sequence[tuple[str, str]]
+                   ) -> dict[tuple[str, str], list[KeyColumn]]:
+    """:func:`key_columns` of many tables in one query (a table not found is left out)."""
+    if not names:
+        return {}
+    with conn.cursor() as cur:
+        cur.execute(
+            """SELECT n.s, n.t, a.attname, format_type(a.atttypid, a.atttypmod), i.indisprimary
+               FROM unnest(%s::text[], %s::text[]) AS n(s, t)
+               JOIN pg_class c ON c.oid = to_regclass(format('%%I.%%I', n.s, n.t))
+               LEFT JOIN pg_index i ON i.indrelid = c.oid
+                    AND (i.indisprimary OR i.indisreplident)
+               LEFT JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+               LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+               ORDER BY n.s, n.t, i.indisprimary DESC, k.ord""",
+            ([s for s, _ in names], [t for _, t in names]))
+        rows = cur.fetchall()
+    found: dict[tuple[str, str], list[tuple[str, str, bool]]] = {}
+    for s, t, name, typ, primary in rows:
+        cols = found.setdefault((s, t), [])
+        if name is not None:
+            cols.append((name, typ, primary))
+    return {n: [KeyColumn(name, typ) for name, typ, primary in cols if primary == cols[0][2]]
+            for n, cols in found.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class TableSize:
     """Heap size and estimated rows of a table (``pg_class`` statistics)."""
@@ -209,6 +235,28 @@ def table_size(conn: psycopg2.extensions.connection, schema: str, table: str) ->
             (schema, table),
         )
         size, block, reltuples, relpages = cur.fetchone()
+    return _size(size, block, reltuples, relpages)
+
+
+def table_sizes(conn: psycopg2.extensions.connection,
+                names: Sequence[tuple[str, str]]) -> dict[tuple[str, str], TableSize]:
+    """:func:`table_size` of many tables in one query (a table not found is left out; its
+    own :func:`table_size` then raises the usual error)."""
+    if not names:
+        return {}
+    with conn.cursor() as cur:
+        cur.execute(
+            """SELECT n.s, n.t, pg_relation_size(c.oid, 'main'),
+                      current_setting('block_size')::bigint, c.reltuples::bigint, c.relpages
+               FROM unnest(%s::text[], %s::text[]) AS n(s, t)
+               JOIN pg_class c ON c.oid = to_regclass(format('%%I.%%I', n.s, n.t))""",
+            ([s for s, _ in names], [t for _, t in names]))
+        rows = cur.fetchall()
+    return {(s, t): _size(size, block, reltuples, relpages)
+            for s, t, size, block, reltuples, relpages in rows}
+
+
+def _size(size: int, block: int, reltuples: int, relpages: int) -> TableSize:
     blocks = int(size) // int(block)
     est = int(reltuples)
     if est < 0 or relpages <= 0:

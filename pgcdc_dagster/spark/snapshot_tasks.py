@@ -7,6 +7,10 @@ converted and written one row group (about ``row_group_bytes`` of rows) at a tim
 per task is bounded by a few row groups whatever the chunk's size. The driver commits the
 returned files through delta-rs; a task never commits.
 
+Chunks of small tables share a task (:class:`ChunkGroup`, planned by
+:func:`group_small`): a thousand tables of a thousand rows are a few dozen Spark tasks, not a
+thousand, and each task still reads every chunk inside the same exported snapshot.
+
 Errors the user can act on (a type the configured mode cannot convert, a table that
 vanished, an expired snapshot) come back as :class:`ChunkError` values instead of Spark task
 failures, so the driver re-raises them with their own type and message.
@@ -86,6 +90,61 @@ class ChunkTask:
 
     def __repr__(self) -> str:  # never print the DSN
         return f"ChunkTask({self.chunk})"
+
+
+@dataclass(frozen=True)
+class ChunkGroup:
+    """Chunks of small tables read one after the other by one Spark task."""
+
+    tasks: tuple[ChunkTask, ...]
+
+    def __repr__(self) -> str:
+        return f"ChunkGroup({len(self.tasks)} chunks)"
+
+
+Unit = ChunkTask | ChunkGroup
+"""What one Spark task runs: a chunk, or a group of small tables' chunks."""
+
+SMALL_TABLE_FRACTION = 8
+"""A single-chunk table of at most ``chunk_bytes / SMALL_TABLE_FRACTION`` heap is small."""
+GROUP_MAX_CHUNKS = 64
+"""Chunks of one group at most: the driver commits a group's tables when its task ends, so
+groups stay small enough for results to flow while the other tasks run."""
+
+
+def chunks_of(unit: Unit) -> tuple[ChunkTask, ...]:
+    return unit.tasks if isinstance(unit, ChunkGroup) else (unit,)
+
+
+def group_small(tasks: Sequence[ChunkTask], sizes: Sequence[int], *, chunk_bytes: int,
+                slots: int) -> list[Unit]:
+    """The tasks as Spark task units: chunks of big tables alone, first (they take longest),
+    then the small tables' chunks (``sizes[i]``: heap bytes of ``tasks[i]``'s table, or -1
+    for a chunk of a table read in several) packed into groups of at most ``chunk_bytes``
+    heap and :data:`GROUP_MAX_CHUNKS` chunks, and at least ``slots`` groups when there are
+    that many small tables, so every core stays busy. Groups are filled largest table first,
+    each into the group holding the fewest bytes."""
+    limit = max(1, chunk_bytes // SMALL_TABLE_FRACTION)
+    alone: list[Unit] = []
+    small: list[tuple[int, ChunkTask]] = []
+    for task, size in zip(tasks, sizes, strict=True):
+        if 0 <= size <= limit:
+            small.append((size, task))
+        else:
+            alone.append(task)
+    if len(small) <= 1:
+        return alone + [t for _, t in small]
+    total = sum(size for size, _ in small)
+    count = max(-(-total // max(chunk_bytes, 1)), -(-len(small) // GROUP_MAX_CHUNKS),
+                min(max(1, slots), len(small)))
+    bins: list[list[ChunkTask]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for size, task in sorted(small, key=lambda item: -item[0]):
+        i = min(range(count), key=lambda j: (len(bins[j]) >= GROUP_MAX_CHUNKS, loads[j]))
+        bins[i].append(task)
+        loads[i] += max(size, 1)
+    groups: list[Unit] = [ChunkGroup(tuple(b)) if len(b) > 1 else b[0] for b in bins if b]
+    return alone + groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,47 +403,71 @@ class _Reported:
     def __init__(self, results: Accumulator[list[ChunkResult]]) -> None:
         self.results = results
 
-    def __call__(self, task: ChunkTask) -> int:
-        self.results.add([run_chunk(task)])
-        return task.chunk.index
+    def __call__(self, unit: Unit) -> int:
+        tasks = chunks_of(unit)
+        self.results.add([run_chunk(task) for task in tasks])
+        return len(tasks)
 
 
-def run_chunks(spark: SparkSession, tasks: Sequence[ChunkTask],
+def _run_unit(unit: Unit) -> list[ChunkResult]:
+    return [run_chunk(task) for task in chunks_of(unit)]
+
+
+def run_chunks(spark: SparkSession, tasks: Sequence[Unit],
                on_result: Callable[[ChunkResult], None], *, parallelism: int = 0,
-               proceed: Callable[[ChunkTask], bool] = lambda _task: True) -> None:
-    """Run the tasks on the Spark executors, calling ``on_result`` as each one finishes.
+               proceed: Callable[[ChunkTask], bool] = lambda _task: True,
+               on_drained: Callable[[], None] | None = None) -> int:
+    """Run the tasks on the Spark executors, calling ``on_result`` as each chunk finishes;
+    return the number of tasks Spark ran (as its status tracker counts them).
 
-    ``on_result`` runs on the calling thread, one result at a time, as chunks finish (so a
-    table is committed as soon as its last chunk is in). By default (``parallelism`` 0, or at
-    least the context's default parallelism) all chunks are the tasks of **one** Spark job,
-    in plan order, each reporting its result through an accumulator when it finishes; once
-    ``proceed`` says False for every chunk not yet finished (after an error), the job is
-    cancelled. A smaller ``parallelism`` (``snapshot.max.threads``) runs each chunk as its own
-    job from that many driver threads, and a chunk for which ``proceed`` says False when its
-    turn comes is skipped.
+    ``tasks``: chunks, or groups of small tables' chunks (:func:`group_small`), one Spark
+    task each. ``on_result`` runs on the calling thread, one result at a time, as chunks
+    finish; ``on_drained`` after each batch of results received together (the caller
+    records and commits them in bulk there). By default (``parallelism`` 0, or at least the
+    context's default parallelism) all units are the tasks of **one** Spark job, in order,
+    each reporting its results through an accumulator when it finishes; once ``proceed``
+    says False for every chunk not yet finished (after an error), the job is cancelled. A
+    smaller ``parallelism`` (``snapshot.max.threads``) runs each unit as its own job from
+    that many driver threads, and a unit for which ``proceed`` says False for all its chunks
+    when its turn comes is skipped.
     """
     if not tasks:
-        return
+        return 0
     sc = spark.sparkContext
     slots = max(1, int(sc.defaultParallelism))
-    if parallelism and parallelism < slots:
-        _run_threaded(spark, tasks, on_result, parallelism, proceed)
-    else:
-        _run_one_job(spark, tasks, on_result, proceed)
-
-
-def _run_one_job(spark: SparkSession, tasks: Sequence[ChunkTask],
-                 on_result: Callable[[ChunkResult], None],
-                 proceed: Callable[[ChunkTask], bool]) -> None:
-    sc = spark.sparkContext
+    drained = on_drained or (lambda: None)
     group = f"pgcdc-snapshot-{uuid.uuid4().hex[:8]}"
+    if parallelism and parallelism < slots:
+        _run_threaded(spark, group, tasks, on_result, parallelism, proceed, drained)
+    else:
+        _run_one_job(spark, group, tasks, on_result, proceed, drained)
+    return spark_tasks(spark, group)
+
+
+def spark_tasks(spark: SparkSession, group: str) -> int:
+    """Tasks of the jobs of a job group, as Spark's status tracker counts them."""
+    tracker = spark.sparkContext.statusTracker()
+    total = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job is not None else ():
+            stage = tracker.getStageInfo(stage_id)
+            total += stage.numTasks if stage is not None else 0
+    return total
+
+
+def _run_one_job(spark: SparkSession, group: str, tasks: Sequence[Unit],
+                 on_result: Callable[[ChunkResult], None],
+                 proceed: Callable[[ChunkTask], bool], drained: Callable[[], None]) -> None:
+    sc = spark.sparkContext
     results = sc.accumulator([], _Results())
     failure: list[BaseException] = []
     cancelled = threading.Event()
+    chunks = sum(len(chunks_of(u)) for u in tasks)
 
     def job() -> None:
         try:
-            sc.setJobGroup(group, f"pgcdc snapshot: {len(tasks)} chunks",
+            sc.setJobGroup(group, f"pgcdc snapshot: {chunks} chunks in {len(tasks)} tasks",
                            interruptOnCancel=True)
             sc.parallelize(list(tasks), len(tasks)).map(_Reported(results)).collect()
         except BaseException as exc:  # reported (or ignored after a cancel) by the caller
@@ -392,18 +475,21 @@ def _run_one_job(spark: SparkSession, tasks: Sequence[ChunkTask],
 
     thread = threading.Thread(target=job, name="pgcdc-snapshot-job", daemon=True)
     thread.start()
-    pending = {(t.chunk.qualified, t.chunk.index): t for t in tasks}
+    pending = {(t.chunk.qualified, t.chunk.index): t for u in tasks for t in chunks_of(u)}
     seen = 0
     try:
         while True:
             finished = not thread.is_alive()
             values: list[ChunkResult] = results.value
+            fresh = seen < len(values)
             while seen < len(values):
                 result = values[seen]
                 seen += 1
                 if pending.pop((result.chunk.qualified, result.chunk.index), None) is None:
                     continue  # a task attempt Spark ran again
                 on_result(result)
+            if fresh:
+                drained()
             if finished:
                 break
             if pending and not cancelled.is_set() and \
@@ -418,26 +504,26 @@ def _run_one_job(spark: SparkSession, tasks: Sequence[ChunkTask],
         raise failure[0]
 
 
-def _run_threaded(spark: SparkSession, tasks: Sequence[ChunkTask],
+def _run_threaded(spark: SparkSession, group: str, tasks: Sequence[Unit],
                   on_result: Callable[[ChunkResult], None], workers: int,
-                  proceed: Callable[[ChunkTask], bool]) -> None:
+                  proceed: Callable[[ChunkTask], bool], drained: Callable[[], None]) -> None:
     sc = spark.sparkContext
-    group = f"pgcdc-snapshot-{uuid.uuid4().hex[:8]}"
 
-    def submit(task: ChunkTask) -> ChunkResult | None:
-        if not proceed(task):
-            return None
-        sc.setJobGroup(group, f"pgcdc snapshot {task.chunk}", interruptOnCancel=True)
-        results: list[ChunkResult] = sc.parallelize([task], 1).map(run_chunk).collect()
+    def submit(unit: Unit) -> list[ChunkResult]:
+        if not any(proceed(t) for t in chunks_of(unit)):
+            return []
+        sc.setJobGroup(group, f"pgcdc snapshot {unit}", interruptOnCancel=True)
+        results: list[list[ChunkResult]] = \
+            sc.parallelize([unit], 1).map(_run_unit).collect()
         return results[0]
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pgcdc-snap") as pool:
-        futures: list[Future[ChunkResult | None]] = [pool.submit(submit, t) for t in tasks]
+        futures: list[Future[list[ChunkResult]]] = [pool.submit(submit, t) for t in tasks]
         try:
             for future in as_completed(futures):
-                result = future.result()
-                if result is not None:
+                for result in future.result():
                     on_result(result)
+                drained()
         except BaseException:
             for f in futures:
                 f.cancel()

