@@ -25,6 +25,7 @@ Every table's silver catches up once when the run before did not leave every sil
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dagster as dg
@@ -46,6 +47,8 @@ from assets.partitions import ensure_partitions
 from assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
+from pgcdc_dagster.capture.silver_apply import SilverReport
+from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.lake.delta import shared_reads
 from pgcdc_dagster.ops.delta_stats import TableStats, table_stats
 from pgcdc_dagster.ops.settings import MonitorSettings
@@ -61,6 +64,9 @@ tag instead)."""
 LEAN_JOBS = ("cdc_microbatch", "initial_snapshot")
 """The jobs of the capture op: they leave every silver caught up when they succeed."""
 _RECENT_RUNS = 50
+METADATA_THREADS = 2
+"""Threads reading the changed tables' materialization metadata while the op thread writes
+the events (an event write waits on the instance's storage, a metadata read on Delta logs)."""
 
 
 def _silver_may_lag(instance: dg.DagsterInstance, run_id: str) -> bool:
@@ -139,16 +145,23 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                              "matched by the include list): reload the code location")
         changed = run.changed()
         health = slot_health(postgres.dsn, capture.slot)
-        with shared_reads():  # each table opened once for its metadata (issue 16)
-            bronze_before = previous_of(instance, [bronze_key(*c.relation.qualified)
-                                                   for c in changed])
-            for ctx in changed:
-                key = bronze_key(*ctx.relation.qualified)
-                context.log_event(dg.AssetMaterialization(asset_key=key, metadata={
-                    **_bronze_metadata(run, ctx, _before(bronze_before[key][0], ctx.bronze_uri),
-                                       seconds,
-                                       None if run.stream is not None else health),
-                    **skipped_metadata(run.skipped)}))
+        bronze_before = previous_of(instance, [bronze_key(*c.relation.qualified)
+                                               for c in changed])
+
+        def bronze_meta(ctx: TableContext) -> dict[str, Any]:
+            with shared_reads():  # each table opened once for its metadata (issue 16)
+                before = _before(bronze_before[bronze_key(*ctx.relation.qualified)][0],
+                                 ctx.bronze_uri)
+                return {**_bronze_metadata(run, ctx, before, seconds,
+                                           None if run.stream is not None else health),
+                        **skipped_metadata(run.skipped)}
+
+        # The tables' metadata is read by worker threads while this one writes the events.
+        with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
+            for ctx, meta in zip(changed, pool.map(bronze_meta, changed), strict=True):
+                context.log_event(dg.AssetMaterialization(
+                    asset_key=bronze_key(*ctx.relation.qualified), metadata=meta))
+        with shared_reads():
             meta_events = run.stream.events_by_table() if run.stream is not None else {}
             for meta_name in META_TABLES:
                 if internal_events_key(meta_name) not in meta_events:
@@ -171,15 +184,21 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         befores = {c.name: table_stats(c.silver_uri, previous[c.name][0])
                    if previous[c.name][0] is not None else TableStats(None) for c in silver_of}
         reports = apply_silver_tables(silver_of, handle, cap.silver_spark_threshold_rows)
-        with shared_reads():
-            for ctx, report in zip(silver_of, reports, strict=True):
-                if ctx.name not in names and report.events == 0 and \
-                        report.bronze_from == report.bronze_to:
-                    continue  # swept, nothing to apply: not a materialization
+        applied = [(ctx, report) for ctx, report in zip(silver_of, reports, strict=True)
+                   if ctx.name in names or report.events != 0 or
+                   report.bronze_from != report.bronze_to]  # swept with nothing: no event
+
+        def silver_meta(item: tuple[TableContext, SilverReport]) -> dict[str, Any]:
+            ctx, report = item
+            with shared_reads():
+                return _silver_metadata(report, ctx, befores[ctx.name], previous[ctx.name][1],
+                                        health)
+
+        with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
+            for (ctx, _), meta in zip(applied, pool.map(silver_meta, applied), strict=True):
                 context.log_event(dg.AssetMaterialization(
-                    asset_key=silver_key(*ctx.relation.qualified),
-                    metadata=_silver_metadata(report, ctx, befores[ctx.name],
-                                              previous[ctx.name][1], health)))
+                    asset_key=silver_key(*ctx.relation.qualified), metadata=meta))
+        with shared_reads():
             context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
                 **_run_range(run), "tables_changed": len(changed),
                 "tables_captured": len(run.contexts), "duration_s": round(seconds, 3),

@@ -11,7 +11,14 @@ this process and its children: the Spark JVM and its Python workers), which is w
 the ratio on a small machine where PostgreSQL and the Spark tasks share the cores. The first
 snapshot of a fresh Spark session (Python workers starting) is reported apart.
 
-    .venv/bin/python bench/bench_snapshot.py [--rows 2000000] [--repeat 3]
+``--whole-process`` adds the same snapshot taken by a whole ``dagster job execute -m
+pgcdc_dagster.definitions -j initial_snapshot`` process (fresh ``DAGSTER_HOME``, default
+instance, its own slot), as a user runs it: its rate ÷ the raw COPY measured just before it
+(issue 16 target: >= 0.3; the engine's ratio above is the steady state, target >= 0.6) and
+the process's peak RSS. ``--tables orders`` snapshots one table (``--rows`` all in it).
+
+    .venv/bin/python bench/bench_snapshot.py [--rows 2000000] [--repeat 3] [--whole-process]
+        [--tables orders,metrics]
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from pathlib import Path
 
 import psycopg2
 
+from bench.bench_stream import WholeProcess
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import run_snapshot
 from pgcdc_dagster.postgres.local_cluster import LocalCluster
@@ -50,14 +58,14 @@ FILL = {
 }
 
 
-def fill_tables(dsn: str, rows: int) -> int:
+def fill_tables(dsn: str, rows: int, tables: list[str]) -> int:
     """Create and fill the benchmark tables (``rows`` across them); rows per table."""
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
-    per_table = rows // len(TABLES)
+    per_table = rows // len(tables)
     with conn.cursor() as cur:
-        for name, ddl in TABLES.items():
-            cur.execute(ddl)
+        for name in tables:
+            cur.execute(TABLES[name])
             cur.execute(FILL[name] % per_table)
         cur.execute("VACUUM ANALYZE")
     conn.close()
@@ -117,9 +125,14 @@ def raw_copy_seconds(dsn: str, tables: list[str]) -> tuple[float, int]:
     return elapsed, sink.bytes
 
 
-def snapshot_seconds(dsn: str, root: Path, name: str, spark: object) -> tuple[float, int]:
+def pattern(tables: list[str]) -> str:
+    return f"public\\.({'|'.join(tables)})"
+
+
+def snapshot_seconds(dsn: str, root: Path, name: str, spark: object,
+                     tables: list[str]) -> tuple[float, int]:
     settings = CaptureSettings(dsn=dsn, lakehouse=str(root / name), slot=name,
-                               publication=name, include=("public\\.(orders|metrics)",))
+                               publication=name, include=(pattern(tables),))
     started = time.perf_counter()
     report = run_snapshot(settings, spark, force=True,  # type: ignore[arg-type]
                           progress=lambda _line: None)
@@ -141,19 +154,26 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows across all tables")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tables", default=",".join(TABLES),
+                        help=f"comma-separated, among {', '.join(TABLES)}")
+    parser.add_argument("--whole-process", action="store_true",
+                        help="also time a whole dagster job execute -j initial_snapshot")
     args = parser.parse_args()
+    tables = [t for t in args.tables.split(",") if t]
+    if not tables or any(t not in TABLES for t in tables):
+        sys.exit(f"--tables: choose among {', '.join(TABLES)}")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-snap-"))
     cluster = LocalCluster(root / "pg").start()
     try:
-        per_table = fill_tables(cluster.dsn, args.rows)
-        total = per_table * len(TABLES)
+        per_table = fill_tables(cluster.dsn, args.rows, tables)
+        total = per_table * len(tables)
         spark = build_session()
         spark.range(10).count()  # the JVM's start-up is not snapshot work
-        raw_copy_seconds(cluster.dsn, list(TABLES))  # warm the cache
+        raw_copy_seconds(cluster.dsn, tables)  # warm the cache
         roots = [cluster_pid(cluster.data_dir), os.getpid()]
         load_start = os.getloadavg()
-        cold, rows = snapshot_seconds(cluster.dsn, root, "cold", spark)
+        cold, rows = snapshot_seconds(cluster.dsn, root, "cold", spark, tables)
         assert rows == total, (rows, total)
         raws: list[float] = []
         ours: list[float] = []
@@ -162,18 +182,18 @@ def main() -> None:
         raw_bytes = 0
         for i in range(args.repeat):
             elapsed, raw_bytes, cpu = measured(
-                roots, lambda: raw_copy_seconds(cluster.dsn, list(TABLES)))
+                roots, lambda: raw_copy_seconds(cluster.dsn, tables))
             raws.append(elapsed)
             raw_cpu.append(cpu)
             elapsed, rows, cpu = measured(
-                roots, lambda i=i: snapshot_seconds(cluster.dsn, root, f"warm{i}", spark))
+                roots, lambda i=i: snapshot_seconds(cluster.dsn, root, f"warm{i}", spark, tables))
             assert rows == total, (rows, total)
             ours.append(elapsed)
             our_cpu.append(cpu)
         load_end = os.getloadavg()
         pairs = [r / o for r, o in zip(raws, ours, strict=True)]
         raw_s, ours_s = min(raws), min(ours)
-        print(f"rows: {total:,} in {len(TABLES)} tables ({raw_bytes / 1e6:.0f} MB as COPY binary)")
+        print(f"rows: {total:,} in {len(tables)} tables ({raw_bytes / 1e6:.0f} MB as COPY binary)")
         print(f"raw COPY binary (limit): {total / raw_s:,.0f} rows/s ({raw_s:.2f} s best, "
               f"{statistics.median(raws):.2f} s median; {min(raw_cpu):.2f} CPU s)")
         print(f"pgcdc snapshot to committed bronze+silver: {total / ours_s:,.0f} rows/s "
@@ -187,6 +207,17 @@ def main() -> None:
         print(f"CPU seconds ours/raw: {min(our_cpu) / max(min(raw_cpu), 1e-9):.1f}")
         print(f"ratio: {ours_s and raw_s / ours_s:.2f}")
         spark.stop()
+        if args.whole_process:
+            shutil.rmtree(root / "cold", ignore_errors=True)  # the disk the job writes to
+            for i in range(args.repeat):
+                shutil.rmtree(root / f"warm{i}", ignore_errors=True)
+            raw_now, _ = raw_copy_seconds(cluster.dsn, tables)
+            job_s, rss = WholeProcess(root, cluster.dsn, pattern(tables)).run("initial_snapshot")
+            print(f"whole process (dagster job execute -j initial_snapshot): "
+                  f"{total / job_s:,.0f} rows/s ({job_s:.1f} s; raw COPY just before "
+                  f"{raw_now:.2f} s), ratio {raw_now / job_s:.3f} (best raw: "
+                  f"{raw_s / job_s:.3f}), peak RSS {rss / 2**20:.0f} MiB; load "
+                  f"{os.getloadavg()[0]:.1f}")
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)  # ~800 MB of data and lakehouse per run

@@ -195,12 +195,12 @@ _RSS = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
 class WholeProcess:
     """A second capture of the same tables, run by the Dagster CLI as a user runs it."""
 
-    def __init__(self, root: Path, dsn: str) -> None:
+    def __init__(self, root: Path, dsn: str, tables: str = "public\\..*") -> None:
         home = root / "dagster_home"
         home.mkdir()
         (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
         self.env = {**os.environ, "PGCDC_PG_DSN": dsn, "PGCDC_LAKEHOUSE": str(root / "lake_job"),
-                    "PGCDC_TABLES": "public\\..*", "PGCDC_SLOT": "bench_job",
+                    "PGCDC_TABLES": tables, "PGCDC_SLOT": "bench_job",
                     "PGCDC_PUBLICATION": "bench", "DAGSTER_HOME": str(home),
                     "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
         self.cwd = Path(local_cluster_module.__file__).resolve().parents[2]
