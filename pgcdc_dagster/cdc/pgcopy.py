@@ -198,6 +198,53 @@ class CopyBinarySink:
         return len(chunk)
 
 
+_SLOT_ROW = struct.Struct(">hiqiIi")  # 3 fields; 8, lsn; 4, xid; data length
+_SLOT_FRAME = _SLOT_ROW.size
+
+
+class SlotRowSink:
+    """A ``copy_expert`` target for ``COPY (SELECT lsn, xid, data FROM
+    pg_logical_slot_peek_binary_changes(...)) TO STDOUT (FORMAT binary)``: calls
+    ``on_row(lsn, data)`` for every slot row.
+
+    psycopg2 writes one CopyData message, normally one whole row, at a time: such a chunk
+    is read with one ``struct`` unpack of its framing; anything else (the header, the
+    trailer, a row split across writes) goes through :class:`CopyBinaryParser`.
+    """
+
+    def __init__(self, on_row: Callable[[int, bytes], None]) -> None:
+        self.parser = CopyBinaryParser()
+        self.rows = 0
+        """Slot rows handed to ``on_row`` so far."""
+        self._on_row = on_row
+        self._ready = False
+
+    def write(self, chunk: bytes) -> int:
+        """Hand over the rows ``chunk`` completes.
+
+        Raises:
+            DecodeError: malformed COPY data, or a row that is not (lsn, xid, data).
+        """
+        size = len(chunk)
+        if self._ready and size > _SLOT_FRAME:
+            nfields, len_lsn, lsn, len_xid, _, len_data = _SLOT_ROW.unpack_from(chunk)
+            if nfields == 3 and len_lsn == 8 and len_xid == 4 and len_data + _SLOT_FRAME == size:
+                self.rows += 1
+                self._on_row(lsn, chunk[_SLOT_FRAME:])
+                return size
+        for row in self.parser.feed(chunk):
+            if len(row) != 3 or row[0] is None or len(row[0]) != 8 or row[2] is None:
+                raise DecodeError(f"slot COPY row has an unexpected shape: {row!r:.200}")
+            self.rows += 1
+            self._on_row(int.from_bytes(row[0], "big"), row[2])
+        self._ready = self.parser.at_boundary
+        return size
+
+    def close(self) -> None:
+        """Check that the stream ended cleanly (see :meth:`CopyBinaryParser.close`)."""
+        self.parser.close()
+
+
 def parse_copy_binary(data: bytes) -> list[CopyTuple]:
     """Parse a complete COPY BINARY stream held in memory.
 

@@ -3,11 +3,11 @@
 Same contract as :func:`pgcdc_dagster.postgres.peek.peek_window` (explicit ``upto_lsn``,
 nothing consumed, the session's text settings pinned): ``COPY (SELECT lsn, xid, data FROM
 pg_logical_slot_peek_binary_changes(...)) TO STDOUT (FORMAT binary)`` (the binary variant
-also serves text plugins), every row translated into pgoutput messages
-(``cdc/plugins``) and fed to the pgoutput assembler, so the returned :class:`Window` is built
-exactly as for pgoutput. The captured tables are described from the catalog before the
-COPY (the connection cannot query while it streams): the publication's tables, with
-pgoutput's key flags.
+also serves text plugins), every row (:class:`~pgcdc_dagster.cdc.pgcopy.SlotRowSink`)
+translated (``cdc/plugins``) and written into the pgoutput assembler, so the returned
+:class:`Window` is built exactly as for pgoutput. The captured tables are described from the
+catalog before the COPY (the connection cannot query while it streams): the publication's
+tables, with pgoutput's key flags.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from psycopg2 import sql
 
 from pgcdc_dagster.cdc.changes import Window
 from pgcdc_dagster.cdc.lsn import Lsn
-from pgcdc_dagster.cdc.pgcopy import CopyBinarySink
+from pgcdc_dagster.cdc.pgcopy import SlotRowSink
 from pgcdc_dagster.cdc.pgoutput.assembler import Assembler
 from pgcdc_dagster.cdc.plugins import DECODERBUFS, WAL2JSON, check_plugin
 from pgcdc_dagster.cdc.plugins import wal2json as w2j
 from pgcdc_dagster.cdc.plugins.decoderbufs import DecoderbufsTranslator
-from pgcdc_dagster.cdc.plugins.pgwire import TableInfo, WindowMessages, relation_of
-from pgcdc_dagster.exceptions import ConfigurationError, DecodeError
+from pgcdc_dagster.cdc.plugins.pgwire import TableInfo, relation_of
+from pgcdc_dagster.cdc.plugins.rows import RowOutput
+from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.postgres.snapshot_read import set_session
 
 _PEEK = sql.SQL(
@@ -100,29 +101,18 @@ def peek_plugin_window(conn: Any, plugin: str, slot: str, publication: str, upto
     check_plugin(plugin)
     with conn.cursor() as cur:
         set_session(cur, local=False)
-    messages = WindowMessages(captured_tables(conn, publication))
-    translate: Callable[[int, bytes], list[tuple[int, bytes]]]
-    if plugin == WAL2JSON:
-        translate = w2j.Wal2JsonTranslator(messages).translate
-    else:
-        translate = DecoderbufsTranslator(messages, int(upto_lsn)).translate
-    query = build_plugin_peek_query(plugin, slot, upto_lsn, upto_nchanges)
     assembler = Assembler(portion_changes=portion_changes, on_portion=on_portion)
-    rows = 0
-
-    def on_row(row: Any) -> None:
-        nonlocal rows
-        rows += 1
-        if len(row) != 3 or row[0] is None or row[2] is None:
-            raise DecodeError(f"slot COPY row has an unexpected shape: {row!r:.200}")
-        lsn = int.from_bytes(row[0], "big")
-        for at, msg in translate(lsn, bytes(row[2])):
-            assembler.feed(at, msg)
-
-    sink = CopyBinarySink(on_row)
+    out = RowOutput(captured_tables(conn, publication), assembler)
+    translate: Callable[[int, bytes], None]
+    if plugin == WAL2JSON:
+        translate = w2j.Wal2JsonTranslator(out).translate
+    else:
+        translate = DecoderbufsTranslator(out, int(upto_lsn)).translate
+    query = build_plugin_peek_query(plugin, slot, upto_lsn, upto_nchanges)
+    sink = SlotRowSink(translate)
     with conn.cursor() as cur:
         cur.copy_expert(query, sink)
-    sink.parser.close()
+    sink.close()
     window = assembler.finish()
-    window.slot_rows = rows
+    window.slot_rows = sink.rows
     return window

@@ -7,7 +7,13 @@ import struct
 
 import pytest
 
-from pgcdc_dagster.cdc.pgcopy import CopyBinaryParser, CopyBinarySink, parse_copy_binary
+from pgcdc_dagster.cdc.pgcopy import (
+    SIGNATURE,
+    CopyBinaryParser,
+    CopyBinarySink,
+    SlotRowSink,
+    parse_copy_binary,
+)
 from pgcdc_dagster.cdc.pgoutput.assembler import Assembler, assemble
 from pgcdc_dagster.cdc.pgoutput.decoder import decode
 from pgcdc_dagster.cdc.pgoutput.messages import Insert
@@ -105,6 +111,10 @@ def test_data_after_the_trailer_in_a_later_chunk() -> None:
         parser.feed(b"\x00")
 
 
+def copy_binary_header() -> bytes:
+    return SIGNATURE + struct.pack(">ii", 0, 0)
+
+
 def _copy_rows(stream: bytes) -> list[bytes]:
     """Split a COPY stream the way libpq delivers it: one CopyData message per row."""
     chunks, pos, first = [], 19, True
@@ -139,6 +149,31 @@ def test_copy_sink_feeds_the_assembler_per_row_and_in_odd_chunks(name: str) -> N
         sink.close()
         assert sink.byte_count == len(recorded.copy)
         assert assembler.finish() == expected
+
+
+def test_slot_row_sink_reads_rows_whole_and_split() -> None:
+    """Other plugins' peeks: a whole row per write takes one unpack, anything else the
+    parser; both hand over the same (lsn, data) pairs."""
+    recorded = load("multi_table")
+    assert recorded.copy is not None
+    expected = [(lsn, bytes(data)) for lsn, data in recorded.items()]
+    rng = random.Random(5)
+    cuts = sorted(rng.sample(range(1, len(recorded.copy)), 40))
+    odd = [recorded.copy[a:b] for a, b in zip([0, *cuts], [*cuts, len(recorded.copy)],
+                                              strict=True)]
+    for chunks in (_copy_rows(recorded.copy), odd, [recorded.copy]):
+        got: list[tuple[int, bytes]] = []
+        sink = SlotRowSink(lambda lsn, data, got=got: got.append((lsn, bytes(data))))
+        for chunk in chunks:
+            sink.write(chunk)
+        sink.close()
+        assert got == expected and sink.rows == len(expected)
+    sink = SlotRowSink(lambda lsn, data: None)
+    sink.write(copy_binary_header())
+    with pytest.raises(DecodeError, match="unexpected shape"):
+        sink.write(struct.pack(">hi", 1, 0))  # a row of one field
+    with pytest.raises(DecodeError, match="ended early"):
+        SlotRowSink(lambda lsn, data: None).close()
 
 
 def test_copy_sink_keeps_the_first_error_and_drains() -> None:

@@ -1,6 +1,6 @@
-"""decoderbufs / wal2json rows into pgoutput messages (``cdc/plugins``), decoded back by the
-project's own pgoutput assembler: byte-level fixtures built from the plugins' documented
-layouts (decoderbufs ``pg_logicaldec.proto``, wal2json format version 2)."""
+"""decoderbufs / wal2json rows through the translators (``cdc/plugins``) into the project's own
+pgoutput assembler: byte-level fixtures built from the plugins' documented layouts
+(decoderbufs ``pg_logicaldec.proto``, wal2json format version 2)."""
 
 from __future__ import annotations
 
@@ -18,31 +18,18 @@ from pgcdc_dagster.cdc.plugins.decoderbufs import (
     _split_table,
 )
 from pgcdc_dagster.cdc.plugins.decoderbufs import _datum as parse_datum
-from pgcdc_dagster.cdc.plugins.pgwire import TableInfo, WindowMessages, relation_of
+from pgcdc_dagster.cdc.plugins.pgwire import TableInfo, relation_of
+from pgcdc_dagster.cdc.plugins.rows import RowOutput
 from pgcdc_dagster.cdc.plugins.wal2json import Wal2JsonTranslator
 from pgcdc_dagster.exceptions import ConfigurationError, DecodeError
+from tests.support.protobuf import key as _key
+from tests.support.protobuf import ld as _ld
+from tests.support.protobuf import varint as _varint
 
 TABLE = TableInfo(relation_of(42, "public", "t", "d", [("id", 23, -1, True),
                                                       ("doc", 25, -1, False),
                                                       ("at", 1114, 3, False)]),
                   frozenset({"doc"}))
-
-
-def _key(number: int, wire: int) -> bytes:
-    return bytes([number << 3 | wire])
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = b""
-    while value >= 0x80:
-        out += bytes([value & 0x7F | 0x80])
-        value >>= 7
-    return out + bytes([value])
-
-
-def _ld(number: int, data: bytes) -> bytes:
-    return _key(number, 2) + _varint(len(data)) + data
 
 
 def _datum(name: str, oid: int, kind: int | None = None, value: object = None) -> bytes:
@@ -66,31 +53,30 @@ def _row(op: int, new: list[bytes] = (), old: list[bytes] = ()) -> bytes:  # typ
     return out + b"".join(_ld(5, d) for d in new) + b"".join(_ld(6, d) for d in old)
 
 
-def _assemble(pairs: list[tuple[int, bytes]]):
-    asm = Assembler()
-    for lsn, msg in pairs:
-        asm.feed(lsn, msg)
-    return asm.finish()
+def _output(tables: dict[tuple[str, str], TableInfo]) -> RowOutput:
+    return RowOutput(tables, Assembler())
 
 
 def test_decoderbufs_transaction_becomes_pgoutput():
-    tr = DecoderbufsTranslator(WindowMessages({("public", "t"): TABLE}), window_end=1000)
+    out = _output({("public", "t"): TABLE})
+    tr = DecoderbufsTranslator(out, window_end=1000)
     at = 1_478_267_490_123_000  # 2016-11-04 13:51:30.123 in µs since the epoch
-    pairs = tr.translate(100, _row(3))
-    pairs += tr.translate(110, _row(0, [_datum("id", 23, 3, 1), _datum("doc", 25, 8, "x"),
+    tr.translate(100, _row(3))
+    tr.translate(110, _row(0, [_datum("id", 23, 3, 1), _datum("doc", 25, 8, "x"),
                                         _datum("at", 1114, 4, at)]))
-    pairs += tr.translate(120, _row(1, [_datum("id", 23, 3, 1), _datum("doc", 25, 11, 1),
+    tr.translate(120, _row(1, [_datum("id", 23, 3, 1), _datum("doc", 25, 11, 1),
                                         _datum("at", 1114)]))
-    pairs += tr.translate(130, _row(2, old=[_datum("id", 23, 3, -1), _datum("doc", 25)]))
-    assert pairs == []  # buffered until COMMIT: decoderbufs sends no commit LSN at BEGIN
-    pairs = tr.translate(1010, _row(4))
-    window = _assemble(pairs)
+    tr.translate(130, _row(2, old=[_datum("id", 23, 3, -1), _datum("doc", 25)]))
+    # buffered until COMMIT: decoderbufs sends no commit LSN at BEGIN
+    assert out.assembler.portions == 0 and not out.assembler._writer.window.tables
+    tr.translate(1010, _row(4))
+    window = out.assembler.finish()
     (seg,) = window.segments()
     assert seg.op == ["c", "u", "d"]
     assert seg.after[0] == (b"1", b"x", b"2016-11-04 13:51:30.123")
     assert seg.after[1] == (b"1", UNCHANGED_TOAST, None)  # datum_missing vs no value (NULL)
     assert seg.before[2][0] == b"-1"
-    assert [lsn for lsn, _ in pairs][2:5] == [110, 120, 130]  # each change at its own LSN
+    assert seg.lsn == [110, 120, 130]  # each change at its own LSN
     # commit LSN: inside the commit record, below the window end (exactly-once bookkeeping)
     assert seg.commit_lsn == [999, 999, 999]
     assert window.last_commit_end_lsn == 1010
@@ -99,7 +85,7 @@ def test_decoderbufs_transaction_becomes_pgoutput():
 def test_decoderbufs_values_back_to_text():
     assert _date(-1) == "1969-12-31" and _date(-719_528) == "0001-01-01 BC"
     assert _money(-123411) == "-$1,234.11" and _money(5) == "$0.05"
-    tr = DecoderbufsTranslator(WindowMessages({}), window_end=10)
+    tr = DecoderbufsTranslator(_output({}), window_end=10)
     with pytest.raises(DecodeError, match="not a RowMessage"):
         tr.translate(1, _key(3, 2) + _varint(10) + b"abc")  # truncated
     with pytest.raises(DecodeError, match="no operation or table"):
@@ -113,23 +99,24 @@ def test_decoderbufs_values_back_to_text():
 
 
 def test_wal2json_rows_become_pgoutput():
-    tr = Wal2JsonTranslator(WindowMessages({("public", "t"): TABLE}))
+    out = _output({("public", "t"): TABLE})
+    tr = Wal2JsonTranslator(out)
 
     def row(**kw: object) -> bytes:
         return json.dumps(kw).encode()
 
     b = {"timestamp": "2016-11-04 13:51:30.5+00", "lsn": "0/200", "nextlsn": "0/210",
          "xid": 9}
-    pairs = tr.translate(0x100, row(action="B", **b))
-    pairs += tr.translate(0x150, b'{"action":"I","schema":"public","table":"t","columns":['
+    tr.translate(0x100, row(action="B", **b))
+    tr.translate(0x150, b'{"action":"I","schema":"public","table":"t","columns":['
                           b'{"name":"id","value":12345678901234567890.10},'
                           b'{"name":"doc","value":null},{"name":"at","value":"x"}]}')
-    pairs += tr.translate(0x160, row(action="U", schema="public", table="t",
+    tr.translate(0x160, row(action="U", schema="public", table="t",
                                      columns=[{"name": "id", "value": 2}],
                                      identity=[{"name": "id", "value": 1}]))
-    pairs += tr.translate(0x170, row(action="I", schema="other", table="t", columns=[]))
-    pairs += tr.translate(0x210, row(action="C", **b))
-    window = _assemble(pairs)
+    tr.translate(0x170, row(action="I", schema="other", table="t", columns=[]))
+    tr.translate(0x210, row(action="C", **b))
+    window = out.assembler.finish()
     (seg,) = window.segments()
     assert seg.op == ["c", "u"]
     assert seg.after[0] == (b"12345678901234567890.10", None, b"x")  # numbers kept as text

@@ -20,7 +20,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from pgcdc_dagster.cdc.changes import Window
+from pgcdc_dagster.cdc.changes import Relation, Row, Window
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.pgoutput import messages as m
 from pgcdc_dagster.cdc.pgoutput.copyrows import CopySink, SlotRowWriter
@@ -127,6 +127,28 @@ class Assembler:
         except (IndexError, struct.error) as exc:
             raise message_error(code, f"truncated message of {end - pos} bytes ({exc})",
                                 end - pos, lsn) from None
+
+    def decoded_change(self, lsn: int, code: int, oid: int, before: Row | None,
+                       key_only: bool, after: Row | None) -> None:
+        """Consume an Insert/Update/Delete that another plugin's reader decoded itself
+        (``cdc/plugins``): the same rows :meth:`feed` would parse out of the message, without
+        encoding them first. Only inside Begin/Commit; see ``WindowWriter.decoded_change``.
+
+        Raises:
+            DecodeError: outside a transaction, or no Relation describes ``oid``.
+        """
+        if self._state != _DIRECT:
+            raise message_error(code, f"change {_STATE_NAMES[self._state]}", 0, lsn)
+        try:
+            self._writer.decoded_change(code, lsn, oid, before, key_only, after)
+        except WireError as exc:
+            raise message_error(code, exc.what, 1, lsn) from None
+
+    def relation(self, relation: Relation) -> None:
+        """Apply a relation description now, as a Relation message of an ordinary
+        transaction is (used by other plugins' readers, which describe tables from the
+        catalog)."""
+        self._writer.relation(relation)
 
     def _skipped(self, commit_lsn: int) -> bool:
         return self._skip_below is not None and commit_lsn < self._skip_below

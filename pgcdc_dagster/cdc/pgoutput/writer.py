@@ -347,6 +347,32 @@ class WindowWriter:
         if not self.room:
             self.portion_full()
 
+    def decoded_change(self, code: int, lsn: int, oid: int, before: Row | None,
+                       key_only: bool, after: Row | None) -> None:
+        """Write one change that another plugin's reader already decoded into rows (what
+        :meth:`change` parses out of an Insert/Update/Delete): ``code`` ``'I'``/``'U'``/
+        ``'D'`` as a byte value, ``before`` the old tuple pgoutput would send (None: none;
+        ``key_only`` for a ``'K'`` one), ``after`` the new tuple (None for a delete).
+
+        Raises:
+            WireError: no Relation describes ``oid``.
+        """
+        if self.skip:
+            return
+        target = self._targets.get(oid)
+        if target is None:
+            target = self._target(oid, 0)
+        if target is not self._last:
+            self._open_run(target)
+        if before is not None:
+            self._before(target.seg, before, key_only)
+        target.op("c" if code == _INSERT else "u" if code == _UPDATE else "d")
+        target.after(after)
+        target.lsn(lsn)
+        self.room -= 1
+        if not self.room:
+            self.portion_full()
+
     @staticmethod
     def _before(seg: TableChanges, old: Row, key_only: bool) -> None:
         size = len(seg.op)

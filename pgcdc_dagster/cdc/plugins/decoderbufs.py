@@ -32,19 +32,25 @@ decoding messages are sent by decoderbufs.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 from google.protobuf.message import DecodeError as DecodeProtobufError
 
+from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Row
+from pgcdc_dagster.cdc.plugins.pbrows import Layout, Values, head, learn, typeinfo_at
 from pgcdc_dagster.cdc.plugins.pbschema import DATUM, ROW
 from pgcdc_dagster.cdc.plugins.pgwire import (
     MISSING,
+    TableInfo,
     Value,
-    WindowMessages,
     begin,
     commit,
+    old_image,
+    row_of,
 )
+from pgcdc_dagster.cdc.plugins.rows import DELETE, INSERT, UPDATE, RowOutput
 from pgcdc_dagster.cdc.typeconv.calendar import civil_from_days
 from pgcdc_dagster.exceptions import DecodeError
 
@@ -53,6 +59,7 @@ _BYTEA, _DATE, _TIME, _TIMESTAMP, _TIMESTAMPTZ, _TIMETZ, _INTERVAL, _MONEY = (
     17, 1082, 1083, 1114, 1184, 1266, 1186, 790)
 _FLOAT4 = 700
 _US_PER_DAY = 86_400_000_000
+_UNKNOWN: Any = object()
 
 
 def _unquote(name: str) -> str:
@@ -88,12 +95,19 @@ def _clock(us: int) -> str:
     return text + (f".{frac:06d}".rstrip("0") if frac else "")
 
 
+_DAYS: dict[int, tuple[str, str]] = {}
+"""Day number -> (date text without era, era suffix): timestamps of one day share it."""
+
+
 def _timestamp(us: int, zone: str = "") -> str:
     days, rest = divmod(us, _US_PER_DAY)
-    date = _date(days)
-    bc = date.endswith(" BC")
-    text = f"{date[:-3] if bc else date} {_clock(rest)}{zone}"
-    return text + " BC" if bc else text
+    day = _DAYS.get(days)
+    if day is None:
+        if len(_DAYS) >= 4096:
+            _DAYS.clear()
+        date = _date(days)
+        day = _DAYS[days] = (date[:-3], " BC") if date.endswith(" BC") else (date, "")
+    return f"{day[0]} {_clock(rest)}{zone}{day[1]}"
 
 
 def _float(value: float) -> str:
@@ -119,37 +133,40 @@ def _float4(value: float) -> str:
     return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(text, text)
 
 
+def typed_text(oid: int, kind: str, v: Any) -> Value:
+    """PostgreSQL's text output of a value decoderbufs sent as ``kind`` (the ``datum``
+    field's name; not ``datum_point``) for a column of type ``oid``."""
+    if kind == "datum_string":
+        return str(v)
+    if kind == "datum_int32":
+        return _date(v) if oid == _DATE else str(v)
+    if kind == "datum_int64":
+        return (_timestamp(v) if oid == _TIMESTAMP else
+                _timestamp(v, "+00") if oid == _TIMESTAMPTZ else
+                _clock(v) if oid == _TIME else _money(v) if oid == _MONEY else str(v))
+    if kind == "datum_bool":
+        return "t" if v else "f"
+    if kind == "datum_double":
+        return (_clock(round(v) % _US_PER_DAY) + "+00" if oid == _TIMETZ else
+                _interval(v) if oid == _INTERVAL else _float(v))
+    if kind == "datum_float":
+        return _float4(v)
+    if kind == "datum_bytes":
+        return "\\x" + v.hex() if oid == _BYTEA else bytes(v).decode()
+    # datum_missing (decoderbufs 2.x): an unchanged TOAST value
+    return MISSING if v else None
+
+
 def datum_value(d: Any) -> tuple[str, Value]:
     """(column name, text value) of one ``DatumMessage``."""
-    oid = d.column_type
     kind = d.WhichOneof("datum")
     value: Value
     if kind is None:
         value = None
-    elif kind == "datum_string":
-        value = d.datum_string
-    elif kind == "datum_int32":
-        value = _date(d.datum_int32) if oid == _DATE else str(d.datum_int32)
-    elif kind == "datum_int64":
-        v = d.datum_int64
-        value = (_timestamp(v) if oid == _TIMESTAMP else
-                 _timestamp(v, "+00") if oid == _TIMESTAMPTZ else
-                 _clock(v) if oid == _TIME else _money(v) if oid == _MONEY else str(v))
-    elif kind == "datum_bool":
-        value = "t" if d.datum_bool else "f"
-    elif kind == "datum_double":
-        v = d.datum_double
-        value = (_clock(round(v) % _US_PER_DAY) + "+00" if oid == _TIMETZ else
-                 _interval(v) if oid == _INTERVAL else _float(v))
-    elif kind == "datum_float":
-        value = _float4(d.datum_float)
-    elif kind == "datum_bytes":
-        raw = d.datum_bytes
-        value = "\\x" + raw.hex() if oid == _BYTEA else raw.decode()
     elif kind == "datum_point":
         value = f"({_float(d.datum_point.x)},{_float(d.datum_point.y)})"
-    else:  # datum_missing (decoderbufs 2.x): an unchanged TOAST value
-        value = MISSING if d.datum_missing else None
+    else:
+        value = typed_text(d.column_type, kind, getattr(d, kind))
     return _unquote(d.column_name), value
 
 
@@ -165,48 +182,132 @@ def _parse(cls: Any, data: bytes) -> Any:
         raise DecodeError(f"decoderbufs: not a {cls.DESCRIPTOR.name} ({exc})") from None
 
 
-class DecoderbufsTranslator:
-    """Turns one window of decoderbufs rows into pgoutput messages (module docstring)."""
+@dataclass
+class _Shape:
+    """A learnt layout of one table's change rows, with the datums' columns."""
 
-    def __init__(self, messages: WindowMessages, window_end: int) -> None:
-        self.out = messages
+    layout: Layout
+    op: int
+    info: TableInfo
+    new_names: list[str]
+    old_names: list[str]
+    positions: list[int]
+    """Column position of each new datum (-1: not a column of the description)."""
+
+
+_MAX_SHAPES = 4
+"""Layouts kept per (table, op): an update with and without old tuple, ..."""
+
+
+class DecoderbufsTranslator:
+    """Writes one window of decoderbufs rows into a :class:`RowOutput` (module docstring)."""
+
+    def __init__(self, out: RowOutput, window_end: int) -> None:
+        self.out = out
         self.window_end = window_end
-        self._txn: list[tuple[int, bytes]] = []
+        self._txn: list[tuple[int, int, TableInfo, Row | None, bool, Row | None]] = []
         self._xid = 0
         self._time = 0
+        self._tables: dict[str, TableInfo | None] = {}
+        self._shapes: dict[tuple[bytes, int], list[_Shape]] = {}
+        """(table as sent, op) -> learnt layouts, the last learnt first."""
+        self._last: _Shape | None = None
+        """The layout that read the previous change row: tried first."""
 
-    def translate(self, lsn: int, data: bytes) -> list[tuple[int, bytes]]:
-        """The (LSN, pgoutput message) pairs of one slot row (a whole transaction at its
-        COMMIT row, each change at its own LSN).
+    def translate(self, lsn: int, data: bytes) -> None:
+        """Read one slot row: a change is held until its transaction's COMMIT row, which
+        writes the whole transaction (each change at its own LSN). A row of a learnt shape
+        is read by its layout (:mod:`.pbrows`), any other by the protobuf runtime.
 
         Raises:
             DecodeError: a row that is not a decoderbufs RowMessage.
         """
+        last = self._last
+        if last is not None:
+            got = last.layout.read(data, typed_text)
+            if got is not None:
+                self._change(lsn, last.op, last.info, last, *got)
+                return
+        key = head(data)
+        if key is not None:
+            for shape in self._shapes.get(key, ()):
+                got = shape.layout.read(data, typed_text)
+                if got is not None:
+                    self._last = shape
+                    self._change(lsn, key[1], shape.info, shape, *got)
+                    return
         row = _parse(ROW, data)
         op = row.op if row.HasField("op") else None
         if op == _BEGIN:
             self._txn, self._xid, self._time = [], row.transaction_id, row.commit_time
-            return []
+            return
         if op == _COMMIT:
             commit_lsn = min(lsn, self.window_end) - 1
-            first = self._txn[0][0] if self._txn else lsn
-            out = [(first, begin(commit_lsn, self._time, self._xid)), *self._txn,
-                   (lsn, commit(commit_lsn, lsn, self._time))]
-            self._txn = []
-            return out
+            out = self.out
+            txn, self._txn = self._txn, []
+            out.feed(txn[0][0] if txn else lsn, begin(commit_lsn, self._time, self._xid))
+            write = out.row
+            for change in txn:
+                write(*change)
+            out.feed(lsn, commit(commit_lsn, lsn, self._time))
+            return
         if op not in (_INSERT, _UPDATE, _DELETE) or not row.HasField("table"):
             raise DecodeError(f"decoderbufs row at {lsn:X} has no operation or table "
                               f"(op {op!r})")
-        info = self.out.info(*_split_table(row.table))
+        table = row.table
+        info = self._tables.get(table, _UNKNOWN)
+        if info is _UNKNOWN:
+            info = self._tables[table] = self.out.info(*_split_table(table))
         if info is None:
-            return []
-        new = dict(datum_value(d) for d in row.new_tuple)
-        old = dict(datum_value(d) for d in row.old_tuple)
+            return
+        new = [datum_value(d) for d in row.new_tuple]
+        old = [datum_value(d) for d in row.old_tuple]
+        if key is not None:
+            self._learn(key, info, row, data)
+        self._write(lsn, op, info, dict(new), dict(old))
+
+    def _learn(self, key: tuple[bytes, int], info: TableInfo, row: Any, data: bytes) -> None:
+        at = typeinfo_at(data)
+        if at is None:
+            return
+        new = [(d.column_name, d.column_type) for d in row.new_tuple]
+        old = [(d.column_name, d.column_type) for d in row.old_tuple]
+        position = {name: i for i, (name, _, _) in enumerate(info.spec)}
+        new_names = [_unquote(name) for name, _ in new]
+        shape = _Shape(learn(key[0], key[1], new, old, data[at:]), key[1], info, new_names,
+                       [_unquote(name) for name, _ in old],
+                       [position.get(name, -1) for name in new_names])
+        shapes = self._shapes.setdefault(key, [])
+        shapes.insert(0, shape)
+        del shapes[_MAX_SHAPES:]
+
+    def _change(self, lsn: int, op: int, info: TableInfo, shape: _Shape, new: Values,
+                old: Values) -> None:
+        """A change read by a learnt layout: the same rows as the protobuf path."""
+        if old or op == _DELETE:
+            new_map = dict(zip(shape.new_names, new, strict=True))
+            old_map = dict(zip(shape.old_names, old, strict=True))
+            self._write(lsn, op, info, cast(dict[str, Value], new_map),
+                        cast(dict[str, Value], old_map))
+            return
+        # insert, or update without old tuple: by position
+        values: Values = [MISSING] * len(info.spec)
+        for position, value in zip(shape.positions, new, strict=True):
+            if position >= 0:
+                values[position] = value
+        if MISSING in values:
+            toast = op == _UPDATE
+            values = [(UNCHANGED_TOAST if toast and varlena else None) if v is MISSING else v
+                      for v, (_, _, varlena) in zip(values, info.spec, strict=True)]
+        self._txn.append((lsn, INSERT if op == _INSERT else UPDATE, info, None, False,
+                          cast(Row, tuple(values))))
+
+    def _write(self, lsn: int, op: int, info: TableInfo, new: dict[str, Value],
+               old: dict[str, Value]) -> None:
         if op == _INSERT:
-            msgs = self.out.insert(info, new)
-        elif op == _UPDATE:
-            msgs = self.out.update(info, new, old or None)
-        else:
-            msgs = self.out.delete(info, old)
-        self._txn += [(lsn, m) for m in msgs]
-        return []
+            self._txn.append((lsn, INSERT, info, None, False, row_of(info, new, toast=False)))
+            return
+        before, key_only = old_image(info, new if op == _UPDATE else None, old or None)
+        after = row_of(info, new, toast=True) if op == _UPDATE else None
+        self._txn.append((lsn, UPDATE if op == _UPDATE else DELETE, info, before, key_only,
+                          after))

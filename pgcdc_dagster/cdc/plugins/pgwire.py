@@ -18,7 +18,8 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pgcdc_dagster.cdc.changes import Column, Relation
+from pgcdc_dagster.cdc.changes import UNCHANGED_TOAST, Column, Relation, Row
+from pgcdc_dagster.cdc.changes import Value as RowValue
 from pgcdc_dagster.cdc.pgoutput.messages import PG_EPOCH_UNIX_US
 from pgcdc_dagster.exceptions import DecodeError
 
@@ -106,22 +107,54 @@ def truncate(oids: list[int]) -> bytes:
     return struct.pack(">cIB", b"T", len(oids), 0) + b"".join(struct.pack(">I", o) for o in oids)
 
 
-def _tuple(info: TableInfo, values: Mapping[str, Value], *, toast: bool,
-           only_keys: bool = False) -> bytes:
-    out = bytearray(len(info.spec).to_bytes(2, "big"))
+def row_of(info: TableInfo, values: Mapping[str, Value], *, toast: bool,
+           only_keys: bool = False) -> Row:
+    """The tuple pgoutput would send, as its decoder reads it: text values as bytes, None for
+    NULL (and for non-key columns of a key-only tuple), :data:`UNCHANGED_TOAST` for a column
+    left out of a new tuple (``toast``) that may be unchanged TOAST, None otherwise."""
+    out: list[RowValue] = []
     get = values.get
     for name, is_key, varlena in info.spec:
         value = get(name, MISSING) if is_key or not only_keys else None
         if value is None:
-            out += b"n"
+            out.append(None)
         elif value is MISSING:
-            out += b"u" if toast and varlena else b"n"
+            out.append(UNCHANGED_TOAST if toast and varlena else None)
         else:
             data = value.encode() if isinstance(value, str) else value
             assert isinstance(data, bytes)
+            out.append(data)
+    return tuple(out)
+
+
+def old_image(info: TableInfo, new: Mapping[str, Value] | None,
+              old: Mapping[str, Value] | None) -> tuple[Row | None, bool]:
+    """(old tuple, key only) that pgoutput sends with an update (``new`` given) or a delete
+    (``new`` None): under REPLICA IDENTITY FULL the whole old row; otherwise the identity
+    columns, for an update only when one of them changed; (None, False) for none."""
+    rel = info.relation
+    if rel.replica_identity == "f":
+        return (row_of(info, old or {}, toast=False), False) if old or new is None \
+            else (None, False)
+    if new is not None and not (old and any(
+            c.is_key and c.name in old and old[c.name] != new.get(c.name)
+            for c in rel.columns)):
+        return None, False
+    return row_of(info, old or {}, toast=False, only_keys=True), True
+
+
+def _tuple(row: Row) -> bytes:
+    out = bytearray(len(row).to_bytes(2, "big"))
+    for value in row:
+        if value is None:
+            out += b"n"
+        elif value is UNCHANGED_TOAST:
+            out += b"u"
+        else:
+            assert isinstance(value, bytes)
             out += b"t"
-            out += len(data).to_bytes(4, "big")
-            out += data
+            out += len(value).to_bytes(4, "big")
+            out += value
     return bytes(out)
 
 
@@ -144,27 +177,25 @@ class WindowMessages:
 
     def insert(self, info: TableInfo, new: Mapping[str, Value]) -> list[bytes]:
         """Relation (first time) + Insert."""
-        return [*self._relation(info),
-                _OID.pack(b"I", info.relation.oid) + b"N" + _tuple(info, new, toast=False)]
+        body = _tuple(row_of(info, new, toast=False))
+        return [*self._relation(info), _OID.pack(b"I", info.relation.oid) + b"N" + body]
 
     def update(self, info: TableInfo, new: Mapping[str, Value],
                old: Mapping[str, Value] | None) -> list[bytes]:
         """Relation (first time) + Update, with the old tuple pgoutput would send."""
         head = _OID.pack(b"U", info.relation.oid)
-        rel = info.relation
-        if old and rel.replica_identity == "f":
-            head += b"O" + _tuple(info, old, toast=False)
-        elif old and any(c.is_key and c.name in old and old[c.name] != new.get(c.name)
-                         for c in rel.columns):
-            head += b"K" + _tuple(info, old, toast=False, only_keys=True)
-        return [*self._relation(info), head + b"N" + _tuple(info, new, toast=True)]
+        before, key_only = old_image(info, new, old)
+        if before is not None:
+            head += (b"K" if key_only else b"O") + _tuple(before)
+        return [*self._relation(info), head + b"N" + _tuple(row_of(info, new, toast=True))]
 
     def delete(self, info: TableInfo, old: Mapping[str, Value]) -> list[bytes]:
         """Relation (first time) + Delete with the old key (or the whole old row, FULL)."""
-        full = info.relation.replica_identity == "f"
-        kind = b"O" if full else b"K"
-        body = _tuple(info, old, toast=False, only_keys=not full)
-        return [*self._relation(info), _OID.pack(b"D", info.relation.oid) + kind + body]
+        before, key_only = old_image(info, None, old)
+        assert before is not None
+        kind = b"K" if key_only else b"O"
+        return [*self._relation(info),
+                _OID.pack(b"D", info.relation.oid) + kind + _tuple(before)]
 
     def truncate(self, infos: list[TableInfo]) -> list[bytes]:
         """Relations (first time) + one Truncate of ``infos``."""
