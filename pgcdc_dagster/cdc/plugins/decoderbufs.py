@@ -193,6 +193,11 @@ class _Shape:
     old_names: list[str]
     positions: list[int]
     """Column position of each new datum (-1: not a column of the description)."""
+    complete: bool = False
+    """The new datums are the described columns, in order."""
+
+    def __post_init__(self) -> None:
+        self.complete = self.positions == list(range(len(self.info.spec)))
 
 
 _MAX_SHAPES = 4
@@ -290,7 +295,11 @@ class DecoderbufsTranslator:
             self._write(lsn, op, info, cast(dict[str, Value], new_map),
                         cast(dict[str, Value], old_map))
             return
-        # insert, or update without old tuple: by position
+        # insert, or update without old tuple: by position (a layout never gives MISSING)
+        if shape.complete:
+            self._txn.append((lsn, INSERT if op == _INSERT else UPDATE, info, None, False,
+                              cast(Row, tuple(new))))
+            return
         values: Values = [MISSING] * len(info.spec)
         for position, value in zip(shape.positions, new, strict=True):
             if position >= 0:

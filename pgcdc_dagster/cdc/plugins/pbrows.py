@@ -9,9 +9,9 @@ the ids, the times and the values. When the protobuf runtime has read such a row
 one regular expression; later rows of that shape are matched with it (C speed) and only the
 values are handled in Python. Each datum's length and each string's length are checked
 against what was matched, so a row is taken only when this reading is exactly the protobuf
-one; any other row (another shape, a ``Point``, a length that does not add up) gives None
-and is read by the protobuf runtime, the reference (``tests/unit/test_plugin_translators.py``
-compares both on generated rows).
+one; any other row (another shape, a ``Point``, an unchanged TOAST value, a length that does
+not add up) gives None and is read by the protobuf runtime, the reference
+(``tests/unit/test_plugin_fast_paths.py`` compares both on generated rows).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class Layout:
         groups = m.groups()
         try:
             new = _values(groups, 0, self.new, text)
-            old = _values(groups, 2 * len(self.new), self.old, text)
+            old = _values(groups, 2 * len(self.new), self.old, text) if self.old else []
         except _Irregular:
             return None
         return new, old
@@ -164,23 +164,27 @@ _MEMO = 4096
 def _values(groups: tuple[bytes, ...], at: int,
             shape: list[tuple[int, int, dict[bytes, RowValue | object]]], text: Text) -> Values:
     out: Values = []
-    for oid, fixed, memo in shape:
-        size, value = groups[at], groups[at + 1]
-        at += 2
+    append = out.append
+    stop = at + 2 * len(shape)
+    for (oid, fixed, memo), size, value in zip(shape, groups[at:stop:2],
+                                               groups[at + 1:stop:2], strict=True):
         n = size[0] if len(size) == 1 else _unvarint(size, 0)
         if value is None:  # no value field: NULL
             if n != fixed:
                 raise _Irregular
-            out.append(None)
+            append(None)
             continue
-        if n != fixed + len(value):
+        length = len(value)
+        if n != fixed + length:
             raise _Irregular
         tag = value[0]
-        if tag == 0x42 and value[1] == len(value) - 2 < 0x80:  # a short string: as it is
-            out.append(value[2:])
+        if tag == 0x42 and value[1] == length - 2 < 0x80:  # a short string: as it is
+            append(value[2:])
         elif (tag == 0x18 or tag == 0x20) and oid not in _FORMATTED_INTS:
             raw = _unvarint(value, 1)
-            out.append(b"%d" % (raw - (1 << 64) if raw >= 1 << 63 else raw))
+            append(b"%d" % (raw - (1 << 64) if raw >= 1 << 63 else raw))
+        elif tag == 0x58:  # datum_missing: rare, left to the protobuf runtime
+            raise _Irregular
         else:  # timestamps of one transaction, flags...: converted once
             known = memo.get(value)
             if known is None:
@@ -188,7 +192,7 @@ def _values(groups: tuple[bytes, ...], at: int,
                 if len(memo) >= _MEMO:
                     memo.clear()
                 memo[value] = known
-            out.append(known)
+            append(known)
     return out
 
 

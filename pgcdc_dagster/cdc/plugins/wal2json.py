@@ -59,8 +59,11 @@ def _json_value(raw: bytes) -> RowValue:
     """One matched JSON value as the type's text output (None for null)."""
     first = raw[0]
     if first == 0x22:  # '"'
-        if 0x5C not in raw:
+        escapes = raw.count(b"\\")
+        if not escapes:
             return raw[1:-1]
+        if escapes == raw.count(b'\\"'):  # only \" (JSON in a string): no decoding needed
+            return raw[1:-1].replace(b'\\"', b'"')
         try:
             return _SCANSTRING(raw.decode(), 1)[0].encode()
         except ValueError as exc:
