@@ -210,3 +210,19 @@ def test_hostile_names_converge_inside_the_lakehouse(pg_dsn, pg_conn, spark, tmp
         assert set(counts["_pgcdc.messages"]) == {"c", "u", "d"}
     assert Path(capture_set_uri(str(lake), "hostile")).is_dir()
     assert Path(progress_uri(str(lake), "hostile")).is_dir()
+
+
+@pytest.mark.parametrize("plugin", ["wal2json", "decoderbufs"])
+def test_hostile_names_through_the_other_plugins(pg_dsn, pg_conn, spark, lakehouse,
+                                                 plugin: str) -> None:
+    """wal2json and decoderbufs write names their own way (JSON strings with escapes;
+    ``quote_identifier``): their readers' fast paths must fall back or match exactly, and
+    the hostile columns (quotes, backslash, dots, TOAST) still converge."""
+    settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), slot=f"hostile_{plugin}",
+                               publication=f"hostile_{plugin}", plugin_name=plugin,
+                               include=("public\\.hostile", "we ird\\.ta'ble"))
+    _capture(settings, pg_conn, spark)
+    _assert_hostile_converged(pg_conn, lakehouse)
+    assert assert_silver_equals_source(
+        pg_conn, table_uri(str(lakehouse), "silver", "we ird", "ta'ble"), "we ird", "ta'ble",
+        ["id"]) > 5

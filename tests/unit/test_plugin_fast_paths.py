@@ -41,7 +41,9 @@ TABLES = {("public", "t"): TableInfo(relation_of(42, "public", "t", "d", COLUMNS
           ("public", "plain"): TableInfo(relation_of(44, "public", "plain", "d", NO_BYTEA),
                                          VARLENA)}
 TRICKY_TEXT = ['', 'a"b', 'back\\slash', 'tab\tnl\nctl\x01', 'é 😀 \u2028', ',"value":1}',
-               '*\x04\n\x02id\x10\x17', 'x' * 300, ':\x0b\n\x07integer']
+               '*\x04\n\x02id\x10\x17', 'x' * 300, ':\x0b\n\x07integer',
+               '*\x05\n\x02by\x10\x11J\x00'  # what follows tx in a decoderbufs row
+               ]
 
 
 def _windows_equal(a: Window, b: Window) -> None:

@@ -31,9 +31,18 @@ Text = Callable[[int, str, object], Value]
 """Converts a value decoderbufs sent typed: :func:`~.decoderbufs.typed_text`."""
 
 _VARINT = rb"[\x80-\xff]{0,9}[\x00-\x7f]"
-_VALUE = (rb"([\x18\x20\x38\x58]" + _VARINT  # int32, int64, bool, missing
-          + rb"|\x2d.{4}|\x31.{8}"  # float, double
-          + rb"|[\x42\x4a]" + _VARINT + rb".*?)?")  # string, bytes (lengths checked)
+
+
+def _value(follows: bytes) -> bytes:
+    """A datum's value field, if any, as one group. A string or bytes value extends to the
+    first place where what ``follows`` it matches, and no further (an atomic group: matching
+    stays linear; a value holding such bytes fails the length checks, and the row is read by
+    the protobuf runtime)."""
+    return (rb"([\x18\x20\x38\x58]" + _VARINT  # int32, int64, bool, missing
+            + rb"|\x2d.{4}|\x31.{8}"  # float, double
+            + rb"|(?>[\x42\x4a]" + _VARINT + rb".*?(?=" + follows + rb")))?")  # string, bytes
+
+
 _HEAD = re.compile(rb"\x08" + _VARINT + rb"\x10" + _VARINT + rb"\x1a([\x00-\x7f])", re.S)
 _KINDS = {0x18: "datum_int32", 0x20: "datum_int64", 0x38: "datum_bool",
           0x58: "datum_missing", 0x2D: "datum_float", 0x31: "datum_double",
@@ -158,7 +167,7 @@ def typeinfo_at(data: bytes) -> int | None:
     return None if p != size else size if start is None else start
 
 
-_MEMO = 4096
+_MEMO = 256
 
 
 def _values(groups: tuple[bytes, ...], at: int,
@@ -215,19 +224,18 @@ def learn(table: bytes, op: int, new: list[tuple[str, int]], old: list[tuple[str
     ((column name as sent, type oid), in order), followed by the type descriptions
     ``tail`` (the same bytes for every row of a table and shape)."""
 
-    def datums(tag: bytes, items: list[tuple[str, int]]) -> tuple[bytes, list[Any]]:
-        pattern = b""
-        shape: list[Any] = []
+    heads: list[bytes] = []
+    shape: list[Any] = []
+    for tag, items in ((b"\x2a", new), (b"\x32", old)):
         for name, oid in items:
             raw = name.encode()
             prefix = b"\x0a" + varint(len(raw)) + raw + b"\x10" + varint(oid)
-            pattern += re.escape(tag) + b"(" + _VARINT + b")" + re.escape(prefix) + _VALUE
+            heads.append(re.escape(tag) + b"(" + _VARINT + b")" + re.escape(prefix))
             shape.append((oid, len(prefix), {}))
-        return pattern, shape
-
-    new_pattern, new_shape = datums(b"\x2a", new)
-    old_pattern, old_shape = datums(b"\x32", old)
+    ends = [head.replace(b"(", b"(?:", 1) for head in heads[1:]] + [re.escape(tail) + rb"\Z"]
     pattern = (rb"\x08" + _VARINT + rb"\x10" + _VARINT + b"\x1a"
                + re.escape(varint(len(table)) + table) + b"\x20" + re.escape(varint(op))
-               + new_pattern + old_pattern + re.escape(tail))
+               + b"".join(head + _value(end) for head, end in zip(heads, ends, strict=True))
+               + re.escape(tail))
+    new_shape, old_shape = shape[:len(new)], shape[len(new):]
     return Layout(re.compile(pattern, re.S).fullmatch, new_shape, old_shape)
