@@ -1,10 +1,12 @@
 """Logical decoding plugins other than pgoutput (``plugin.name``, CFG-24, STR-32..35).
 
 ``decoderbufs`` (Protobuf rows) and ``wal2json`` (JSON, format version 2) are read through the
-same bounded peek windows as pgoutput (``postgres/plugin_peek.py``). Their rows are translated
-into pgoutput protocol-1 messages (:mod:`.pgwire`), which the pgoutput assembler and window
-writer consume unchanged, so bronze and silver are built by exactly the same code for every
-plugin; only what a plugin cannot carry differs (``docs/plugins.md``).
+same bounded peek windows as pgoutput (``postgres/plugin_peek.py``). Their changes are written
+into the pgoutput assembler as the very rows pgoutput's decoder would have parsed
+(:mod:`.rows`, with pgoutput's tuple rules from :mod:`.pgwire`), and their Begin / Commit /
+Truncate / messages as pgoutput protocol-1 messages, so the window, bronze and silver are
+built by exactly the same code for every plugin; only what a plugin cannot carry differs
+(``docs/plugins.md``).
 
 Pure: no I/O. The table descriptions (:class:`~.pgwire.TableInfo`) come from the catalog,
 read by the caller before the window.

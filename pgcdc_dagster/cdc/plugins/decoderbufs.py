@@ -1,4 +1,4 @@
-"""decoderbufs rows (Protobuf ``RowMessage``) -> pgoutput protocol-1 messages.
+"""decoderbufs rows (Protobuf ``RowMessage``) -> the pgoutput assembler (:class:`~.rows.RowOutput`).
 
 The message layout is decoderbufs' ``proto/pg_logicaldec.proto``. There is no protoc here:
 the message classes are built at import from a descriptor written out in :mod:`.pbschema`,
@@ -27,6 +27,10 @@ end) - 1``: inside the commit record, ascending in commit order, and below the w
 the exactly-once bookkeeping (``commit LSN < committed window end`` is already stored) holds.
 It is not the value pgoutput reports (``docs/plugins.md``). No TRUNCATE and no logical
 decoding messages are sent by decoderbufs.
+
+A change row whose shape (table, operation, datums' names and types, type descriptions) the
+protobuf runtime has read before in this window is read by the layout learnt from it
+(:mod:`.pbrows`); every other row by the protobuf runtime. Both give the same rows.
 """
 
 from __future__ import annotations

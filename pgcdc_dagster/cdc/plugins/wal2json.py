@@ -1,4 +1,4 @@
-"""wal2json (format version 2) rows -> pgoutput protocol-1 messages.
+"""wal2json (format version 2) rows -> the pgoutput assembler (:class:`~.rows.RowOutput`).
 
 Format version 2 writes one JSON object per row of the slot: ``B`` (begin; with
 ``include-lsn`` its ``lsn`` is the commit LSN and ``nextlsn`` the end LSN), ``I`` / ``U`` /
@@ -13,6 +13,11 @@ precision`` / ``numeric`` come as JSON ``null`` (STR-35); an unchanged TOAST val
 of ``columns``, read here as unchanged (STR-46); a non-transactional message is written
 inside a Begin/Commit of its own by wal2json and is read as such. Rows of tables that are
 not captured are skipped.
+
+Two ways to read a change row, giving the same rows: the fast path, one regular expression
+per table and action over the row as wal2json writes it (compact, every column present, names
+without characters JSON escapes), values taken from the matched text; and the general path,
+Python's ``json`` module (numbers parsed as text), for every other row.
 """
 
 from __future__ import annotations
