@@ -188,7 +188,7 @@ def _pb_rows(rng: random.Random) -> list[bytes]:
                         for _ in COLUMNS)
     rows = [head + _key(4, 0) + _varint(3)]
     for _ in range(300):
-        table = rng.choice(["public.t", "public.full"])
+        table = rng.choice(["public.t", "public.full", "public.not_captured"])
         op = rng.choice([0, 1, 1, 2])
         new = b"".join(_ld(5, _pb_datum(rng, c[0], c[1], False)) for c in COLUMNS) \
             if op != 2 else b""
@@ -227,7 +227,9 @@ def test_decoderbufs_layouts_read_what_the_protobuf_runtime_reads():
     rows = _pb_rows(random.Random(11))
     fast, parsed_fast = _pb_window(rows, learn=True)
     slow, parsed_slow = _pb_window(rows, learn=False)
-    assert parsed_slow == len(rows)
+    skipped = sum(b"public.not_captured" in row for row in rows)
+    assert skipped > 50
+    assert parsed_slow == len(rows) - skipped + 1  # a table not captured: its first row only
     assert parsed_fast < len(rows) // 2  # most rows read by the learnt layouts
     _windows_equal(fast, slow)
     after = [r for seg in fast.segments() for r in seg.after if r is not None]

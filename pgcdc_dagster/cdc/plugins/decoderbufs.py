@@ -220,6 +220,8 @@ class DecoderbufsTranslator:
         self._tables: dict[str, TableInfo | None] = {}
         self._shapes: dict[tuple[bytes, int], list[_Shape]] = {}
         """(table as sent, op) -> learnt layouts, the last learnt first."""
+        self._skip: set[bytes] = set()
+        """Tables (as sent) that are not captured."""
         self._last: _Shape | None = None
         """The layout that read the previous change row: tried first."""
 
@@ -239,6 +241,8 @@ class DecoderbufsTranslator:
                 return
         key = head(data)
         if key is not None:
+            if key[0] in self._skip:
+                return
             for shape in self._shapes.get(key, ()):
                 got = shape.layout.read(data, typed_text)
                 if got is not None:
@@ -268,6 +272,8 @@ class DecoderbufsTranslator:
         if info is _UNKNOWN:
             info = self._tables[table] = self.out.info(*_split_table(table))
         if info is None:
+            if key is not None and key[0] == table.encode():
+                self._skip.add(key[0])  # its later rows: not even parsed
             return
         new = [datum_value(d) for d in row.new_tuple]
         old = [datum_value(d) for d in row.old_tuple]
