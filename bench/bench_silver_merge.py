@@ -13,10 +13,11 @@ lists) and checks the row count.
 ``--key`` picks the primary key's type: ``bigint`` (the row number), ``text`` (``item-`` and
 the zero-padded row number: ordered like the rows) or ``uuid`` (``md5`` of the row number:
 random, so the newest rows' keys are spread over the whole key range, like
-``gen_random_uuid()`` keys; there is no "newest" locality to exploit).
+``gen_random_uuid()`` keys; there is no "newest" locality to exploit) or ``uuid7`` (the row
+number in the leading 48 bits, like UUIDv7's timestamp: time-ordered).
 
     .venv/bin/python bench/bench_silver_merge.py [--rows 2000000] [--updates 100]
-        [--target-file-bytes 1048576] [--key bigint|text|uuid]
+        [--target-file-bytes 1048576] [--key bigint|text|uuid|uuid7]
         # --rows 20000000 for the issue's scale
 """
 
@@ -44,9 +45,10 @@ from pgcdc_dagster.postgres.local_cluster import LocalCluster
 from pgcdc_dagster.spark.session import build_session
 
 KEYS = {"bigint": ("bigint", "g"), "text": ("text", "'item-' || lpad(g::text, 12, '0')"),
-        "uuid": ("uuid", "md5(g::text)::uuid")}
+        "uuid": ("uuid", "md5(g::text)::uuid"),
+        "uuid7": ("uuid", "(lpad(to_hex(g), 12, '0') || '7' || left(md5(g::text), 19))::uuid")}
 """Key type and its value for row number ``g``."""
-DDL = ("CREATE TABLE items (id {type} PRIMARY KEY, name text NOT NULL, qty int NOT NULL, "
+DDL = ("CREATE TABLE items (id {type} NOT NULL, name text NOT NULL, qty int NOT NULL, "
        "price numeric(12,2) NOT NULL, note text, updated_at timestamptz NOT NULL)")
 FILL = ("INSERT INTO items SELECT {key}, 'item ' || left(md5(g::text), 12), "
         "(abs(hashint8(g)) %% 1000)::int, (abs(hashint8(g * 7)) %% 10000000) / 100.0, "
@@ -123,6 +125,7 @@ def main() -> None:
         cur = conn.cursor()
         cur.execute(DDL.format(type=KEYS[args.key][0]))
         cur.execute(FILL.format(key=KEYS[args.key][1]) % args.rows)
+        cur.execute("ALTER TABLE items ADD PRIMARY KEY (id)")  # one sorted build: random keys
         cur.execute("VACUUM ANALYZE items")
         settings = CaptureSettings(dsn=cluster.dsn, lakehouse=str(root / "lake"), slot="bench",
                                    publication="bench", include=("public\\.items",),

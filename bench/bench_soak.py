@@ -4,13 +4,15 @@ Ten tables (``t0`` large, ``t1``..``t9`` small) are snapshotted, then ``--runs``
 runs (bronze + silver, the project's runner) each follow a mix of writes on every table:
 updates of random keys, updates of the newest keys, inserts of new keys, deletes. Every
 ``--upkeep-every`` runs the silver_maintenance upkeep (compaction, vacuum, checkpoint) runs
-on every table. Per run it prints: seconds, bytes written to bronze and silver, the most
-files any bronze / silver table has, the process's RSS, the slot's lag, and the time DuckDB
-takes to read the large table's silver (the Parquet files delta-rs lists). At the end the
+on every table. Per run it prints (and writes to ``--csv``): seconds, CPU seconds (this
+process, Spark's JVM and PostgreSQL: the run's work whatever the machine's load), bytes
+written to bronze and silver, the most files any bronze / silver table has, the process's
+RSS and Arrow's allocated bytes, the slot's lag, the time DuckDB takes to read the large
+table's silver (the Parquet files delta-rs lists) and the load average. At the end the
 capture catches up and every silver table is compared with its source (convergence), and
 the issue's ratios are printed:
 
-* the last 10 % of runs against the first 10 % (time; target <= 1.2),
+* the last 10 % of runs against the first 10 % (time; target <= 1.2; and CPU time),
 * the most files per silver table (bound: about table bytes / target + the runs since the
   last upkeep),
 * DuckDB's read of silver against its read right after compaction (target <= 1.2).
@@ -19,6 +21,7 @@ Bounded time (not in CI): the defaults take a few minutes on 2 cores.
 
     .venv/bin/python bench/bench_soak.py [--runs 60] [--upkeep-every 10]
         [--large-rows 1000000] [--small-rows 20000] [--target-file-bytes 1048576]
+        [--large-scale 10] [--csv runs.csv]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 
 import duckdb
 import psycopg2
+import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
@@ -58,6 +62,41 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _tree_cpu(roots: set[int]) -> float:
+    """CPU seconds (user + system) of the live processes under ``roots``, roots included."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+    inside = set(roots)
+    changed = True
+    while changed:
+        grown = {pid for pid, ppid in parents.items() if ppid in inside} - inside
+        changed = bool(grown)
+        inside |= grown
+    return sum(ticks.get(pid, 0) for pid in inside) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(cluster: LocalCluster) -> float:
+    """CPU seconds used so far by this process, its children (Spark's JVM) and PostgreSQL
+    (the postmaster and its backends: logical decoding): the run's work, whatever the
+    machine's load (wall time is not, on a shared machine)."""
+    roots = {os.getpid()}
+    try:
+        roots.add(int((cluster.data_dir / "postmaster.pid").read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        pass
+    return _tree_cpu(roots)
 
 
 def slot_lag(cur: psycopg2.extensions.cursor, slot: str) -> int:
@@ -149,22 +188,25 @@ def main() -> None:
         large = table_uri(lake, "silver", "public", "t0")
         rng = random.Random(17)
         seconds: list[float] = []
+        cpu: list[float] = []
+        loads: list[float] = []
         reads: list[float] = []
         after_upkeep: list[float] = []
         silver_files: list[int] = []
-        print("run  seconds  bronze_MB  silver_MB  max_files(b/s)  rss_MB  slot_lag_B  "
-              "duckdb_s  load1  upkeep")
+        print("run  seconds  cpu_s  bronze_MB  silver_MB  max_files(b/s)  rss_MB  arrow_MB  "
+              "slot_lag_B  duckdb_s  load1  upkeep")
         log = open(args.csv, "w", encoding="utf-8") if args.csv else None
         if log:
-            log.write("run,seconds,bronze_bytes,silver_bytes,bronze_files,silver_files,rss_mb,"
-                      "slot_lag_bytes,duckdb_s,load1,upkeep_s,upkeep_bytes\n")
+            log.write("run,seconds,cpu_s,bronze_bytes,silver_bytes,bronze_files,silver_files,"
+                      "rss_mb,arrow_mb,slot_lag_bytes,duckdb_s,load1,upkeep_s,upkeep_bytes\n")
         for run in range(1, args.runs + 1):
             write_mix(cur, rng, top, "t0", args.large_scale)
             before = {layer: layer_stats(lake, layer) for layer in ("bronze", "silver")}
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), cpu_s(cluster)
             run_bronze(settings, spark, force_snapshot_step=False)
             run_silver(settings, spark)
             seconds.append(time.perf_counter() - started)
+            cpu.append(cpu_s(cluster) - cpu_started)
             after = {layer: layer_stats(lake, layer) for layer in ("bronze", "silver")}
             written = {layer: sum(growth(before[layer][t], after[layer][t],  # type: ignore[arg-type]
                                          table_uri(lake, layer, "public", t)).bytes
@@ -185,13 +227,17 @@ def main() -> None:
             reads.append(duckdb_read_s(large))
             silver_files.append(files["silver"])
             load1, lag, rss = os.getloadavg()[0], slot_lag(cur, "soak"), rss_mb()
-            print(f"{run:3d}  {seconds[-1]:7.2f}  {written['bronze'] / 1e6:9.2f}  "
+            loads.append(load1)
+            arrow = pa.total_allocated_bytes() / 1e6
+            print(f"{run:3d}  {seconds[-1]:7.2f}  {cpu[-1]:5.2f}  {written['bronze'] / 1e6:9.2f}  "
                   f"{written['silver'] / 1e6:9.2f}  {files['bronze']:5d}/{files['silver']:<5d}  "
-                  f"{rss:7.0f}  {lag:10d}  {reads[-1]:8.3f}  {load1:5.2f}  {note}", flush=True)
+                  f"{rss:7.0f}  {arrow:8.1f}  {lag:10d}  {reads[-1]:8.3f}  {load1:5.2f}  {note}",
+                  flush=True)
             if log:
-                log.write(f"{run},{seconds[-1]:.3f},{written['bronze']},{written['silver']},"
-                          f"{files['bronze']},{files['silver']},{rss:.0f},{lag},"
-                          f"{reads[-1]:.4f},{load1:.2f},{u_seconds:.2f},{rewritten}\n")
+                log.write(f"{run},{seconds[-1]:.3f},{cpu[-1]:.3f},{written['bronze']},"
+                          f"{written['silver']},{files['bronze']},{files['silver']},{rss:.0f},"
+                          f"{arrow:.1f},{lag},{reads[-1]:.4f},{load1:.2f},{u_seconds:.2f},"
+                          f"{rewritten}\n")
                 log.flush()
         if log:
             log.close()
@@ -203,8 +249,13 @@ def main() -> None:
         first, last = statistics.median(seconds[:tenth]), statistics.median(seconds[-tenth:])
         size = table_stats(large).bytes
         bound = size // args.target_file_bytes + 2 * args.upkeep_every + 10
+        c_first, c_last = statistics.median(cpu[:tenth]), statistics.median(cpu[-tenth:])
+        l_first = statistics.median(loads[:tenth])
+        l_last = statistics.median(loads[-tenth:])
         print(f"ratio last/first 10 % of runs (seconds, medians): {last / first:.2f} "
-              "(target <= 1.2)")
+              f"(target <= 1.2; load average {l_first:.1f} -> {l_last:.1f})")
+        print(f"ratio last/first 10 % of runs (CPU seconds of this process, Spark's JVM and "
+              f"PostgreSQL, medians): {c_last / c_first:.2f}")
         print(f"most files in a silver table: {max(silver_files)} (bound {bound}: large "
               f"table {size / 1e6:.0f} MB / target + 2 x runs between upkeeps + 10)")
         if after_upkeep:
