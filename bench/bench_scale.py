@@ -10,7 +10,10 @@ tables (default 1000) of ``--rows`` rows each, are measured in the same run:
 * a ``cdc_microbatch`` after the same ``--updates`` updates to 3 tables, large ÷ small
   (target ≤ 1.5).
 
-The machine is shared: compare the ratios, not the seconds.
+The machine is shared: compare the ratios, not the seconds. Each run's CPU seconds (the
+process and its children: the Spark JVM and Python workers) are printed next to its wall time,
+with their ratio: on a loaded machine a run waits for the CPU, so wall time grows with the
+load while CPU seconds much less.
 
     .venv/bin/python bench/bench_scale.py [--small 3] [--large 1000] [--rows 1000]
         [--snapshot-only]
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -75,16 +79,20 @@ class Capture:
             "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
         })
 
-    def run(self, job: str) -> float:
+    def run(self, job: str) -> tuple[float, float]:
+        """Wall seconds and CPU seconds (the process and its children) of one job."""
         cli = Path(sys.executable).parent / "dagster"
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run(
             [str(cli), "job", "execute", "-m", "pgcdc_dagster.definitions", "-j", job],
             env=self.env, cwd=ROOT, capture_output=True, text=True)
         seconds = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0 or "RUN_SUCCESS" not in proc.stdout + proc.stderr:
             sys.exit(f"{job} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        return seconds
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return seconds, cpu
 
 
 def main() -> None:
@@ -104,7 +112,7 @@ def main() -> None:
         for name, count in sizes.items():
             create_tables(cluster.dsn, name, count, args.rows)
             captures[name] = Capture(root, cluster.dsn, name)
-        figures: dict[str, dict[str, float]] = {}
+        figures: dict[str, dict[str, tuple[float, float]]] = {}
         for name, capture in captures.items():
             figures[name] = {"initial_snapshot": capture.run("initial_snapshot")}
             if not args.snapshot_only:
@@ -113,15 +121,17 @@ def main() -> None:
                 figures[name][f"cdc_microbatch, {args.updates} updates to 3 tables"] = \
                     capture.run("cdc_microbatch")
             print(f"{name} ({sizes[name]} tables x {args.rows} rows): "
-                  + ", ".join(f"{k} {v:.1f}s" for k, v in figures[name].items()), flush=True)
+                  + ", ".join(f"{k} {v[0]:.1f}s ({v[1]:.1f} CPU s)"
+                              for k, v in figures[name].items()), flush=True)
         load = os.getloadavg()[0]
         targets = {"initial_snapshot": 3.0}
         print(f"\nratios, {args.large} tables / {args.small} tables (load {load:.1f}):")
         for job, small in figures["small"].items():
-            ratio = figures["large"][job] / small
+            ratio = figures["large"][job][0] / small[0]
+            cpu = figures["large"][job][1] / max(small[1], 1e-9)
             target = targets.get(job, 1.5)
             print(f"  {job:<45} {ratio:5.2f}  (target <= {target}"
-                  f"{', met' if ratio <= target else ', NOT met'})")
+                  f"{', met' if ratio <= target else ', NOT met'}; CPU seconds {cpu:.2f})")
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
