@@ -171,15 +171,27 @@ def ensure_publication(conn: psycopg2.extensions.connection, name: str,
     without a replica identity to a publication that publishes updates or deletes, and to
     create ``FOR ALL TABLES`` while the database has such a table.
 
+    Publications it creates, and one holding a captured partitioned table, publish via the
+    partition root: pgoutput then names the captured root, not the partition a row is in.
+
     Raises:
         ConfigurationError: an unknown mode; ``disabled`` with a missing publication or one
             lacking captured tables; a table without a replica identity to be published.
     """
     with conn.cursor() as cur:
-        cur.execute("SELECT puballtables, pubupdate OR pubdelete FROM pg_publication "
+        cur.execute("SELECT puballtables, pubupdate OR pubdelete, pubviaroot FROM pg_publication "
                     "WHERE pubname = %s", (name,))
         row = cur.fetchone()
+        partitioned = _partitioned(cur, tables)
         if mode == "disabled":
+            if row is not None and partitioned and not row[2]:
+                raise ConfigurationError(
+                    f"publication {name!r} publishes the changes of the partitioned "
+                    f"{', '.join(partitioned)} under its partitions' names, which are not "
+                    "captured, and publication.autocreate.mode is 'disabled'. Fix: ALTER "
+                    f"PUBLICATION {quote_ident(name)} SET (publish_via_partition_root = true); "
+                    "or set the mode to 'filtered'."
+                )
             if row is None:
                 raise ConfigurationError(
                     f"publication {name!r} does not exist and publication.autocreate.mode is "
@@ -200,7 +212,10 @@ def ensure_publication(conn: psycopg2.extensions.connection, name: str,
         if mode == "all_tables":
             if row is None:
                 _refuse_without_identity(conn, name, None, "FOR ALL TABLES")
-                cur.execute(sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(ident))
+                cur.execute(sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES " + _VIA_ROOT)
+                            .format(ident))
+            elif partitioned and not row[2]:
+                _publish_via_root(cur, ident)
             return
         if mode != "filtered":
             raise ConfigurationError(
@@ -210,9 +225,11 @@ def ensure_publication(conn: psycopg2.extensions.connection, name: str,
         if row is None:
             _refuse_without_identity(conn, name, tables, "filtered")
             wanted = [sql.Identifier(t.namespace, t.name) for t in tables]
-            stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}")
+            stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} " + _VIA_ROOT)
             cur.execute(stmt.format(ident, sql.SQL(", ").join(wanted)))
             return
+        if partitioned and not row[2]:
+            _publish_via_root(cur, ident)
         if row[0]:
             return
         cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
@@ -231,6 +248,26 @@ def ensure_publication(conn: psycopg2.extensions.connection, name: str,
             stmt = sql.SQL("ALTER PUBLICATION {} DROP TABLE {}")
             cur.execute(stmt.format(ident, sql.SQL(", ").join(
                 sql.Identifier(s, t) for s, t in extra)))
+
+
+_VIA_ROOT = "WITH (publish_via_partition_root = true)"
+"""Changes of a partition are published as the partitioned table's (the captured table)."""
+
+
+def _partitioned(cur: psycopg2.extensions.cursor, tables: Sequence[Relation]) -> list[str]:
+    """Display names of the partitioned tables among ``tables``."""
+    if not tables:
+        return []
+    cur.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE c.relkind = 'p' AND (n.nspname, c.relname) "
+                "IN %s ORDER BY 1, 2", (tuple((t.namespace, t.name) for t in tables),))
+    return [display_name(str(s), str(t)) for s, t in cur.fetchall()]
+
+
+def _publish_via_root(cur: psycopg2.extensions.cursor, ident: sql.Identifier) -> None:
+    """Publish partitions' changes under their root's name (a captured partitioned table)."""
+    cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)")
+                .format(ident))
 
 
 def _unpublished(cur: psycopg2.extensions.cursor, name: str,
