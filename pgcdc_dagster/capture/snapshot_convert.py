@@ -36,7 +36,8 @@ files with the table's schema:
 * Decimals of up to 18 digits (silver NUMERIC(p,s), precise mode) are stored as INT64 (as
   Spark writes them), so they are integer-physical columns too; wider ones as fixed-size
   binary.
-* Statistics are written only for the flat int/bool columns Delta file stats carry.
+* Statistics are written for the flat columns Delta file stats carry (`lake/file_stats.py`:
+  integers, bool, floats, strings, dates, timestamps, decimals).
 """
 
 from __future__ import annotations
