@@ -24,6 +24,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
+from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
 from pgcdc_dagster.lake.file_stats import delta_stats
 from pgcdc_dagster.lake.paths import is_local
@@ -113,8 +114,23 @@ def ensure_table(uri: str, schema: pa.Schema) -> DeltaTable:
     if table is not None:
         return table
     if is_local(uri):
-        os.makedirs(uri, exist_ok=True)
+        _make_local_dir(uri)
     return DeltaTable.create(uri, schema, mode="ignore", storage_options=storage_options(uri))
+
+
+def _make_local_dir(path: str) -> None:
+    """Create a local table's directory, or raise a ConfigurationError naming the fix."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        problem = None if os.access(path, os.W_OK | os.X_OK) else "permission denied"
+    except OSError as exc:
+        problem = exc.strerror or type(exc).__name__
+    if problem is not None:
+        raise ConfigurationError(
+            f"cannot create or write the lakehouse directory {path} ({problem}). Fix: set "
+            "PGCDC_LAKEHOUSE (the lakehouse resource's root) to a directory this process may "
+            "create and write, or give it write permission there."
+        )
 
 
 def committed_version(table: DeltaTable | None, app_id: str) -> int | None:

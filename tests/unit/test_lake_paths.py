@@ -120,3 +120,17 @@ def test_longest_names_fit_file_names() -> None:
     files = {state_file(a, b) for a in (worst, "a.b", "a") for b in (worst, "c", "b.c")}
     assert len(files) == 9 and all(len(f.encode()) <= 255 for f in files)
     assert state_file("a.b", "c") != state_file("a", "b.c")
+
+
+def test_unwritable_lakehouse_is_a_configuration_error_naming_the_fix(tmp_path) -> None:
+    """A lakehouse root that cannot be created (under a file, say) stops the run with an
+    error naming the path and PGCDC_LAKEHOUSE, not a bare NotADirectoryError."""
+    import pyarrow as pa
+
+    from pgcdc_dagster.exceptions import ConfigurationError
+    from pgcdc_dagster.lake.delta import ensure_table
+
+    (tmp_path / "afile").write_text("x")
+    uri = internal_uri(str(tmp_path / "afile" / "lake"), "schema_history")
+    with pytest.raises(ConfigurationError, match=r"(?s)afile/lake.*PGCDC_LAKEHOUSE"):
+        ensure_table(uri, pa.schema([("a", pa.int64())]))
