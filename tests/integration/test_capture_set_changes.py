@@ -146,3 +146,25 @@ def test_partitioned_table_streams_through_its_root(pg_dsn, pg_conn, spark, lake
     run_silver(settings, spark)
     assert_silver_equals_source(pg_conn, table_uri(str(lakehouse), "silver", "public", "p"),
                                 "public", "p", ["id", "r"])
+
+
+def test_existing_publication_of_partitioned_table_publishes_via_root(pg_conn) -> None:
+    """A publication made without publish_via_partition_root (by hand, or by an older
+    version) is switched to it in 'filtered' mode; 'disabled' refuses it naming the fix."""
+    from pgcdc_dagster.cdc.changes import Relation
+    from pgcdc_dagster.postgres.slot import ensure_publication
+
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE q (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+        cur.execute("CREATE TABLE q_1 PARTITION OF q FOR VALUES FROM (0) TO (100)")
+        cur.execute("CREATE PUBLICATION cs FOR TABLE q")
+    q = Relation(0, "public", "q", "d", ())
+    with pytest.raises(ConfigurationError, match=r"publish_via_partition_root = true"):
+        ensure_publication(pg_conn, "cs", [q], "disabled")
+    ensure_publication(pg_conn, "cs", [q])
+    ensure_publication(pg_conn, "cs", [q])  # idempotent: no DuplicateObject
+    with pg_conn.cursor() as cur:
+        cur.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = 'cs'")
+        assert cur.fetchone() == (True,)
+    assert _published(pg_conn) == ["q"]
+    ensure_publication(pg_conn, "cs", [q], "disabled")  # now accepted
