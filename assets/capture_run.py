@@ -174,7 +174,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                                         seconds))))
         names = {c.name for c in changed}
         silver_of = changed + [c for c in run.contexts if sweep and c.name not in names]
-        if silver_of:
+        if len(silver_of) > len(changed):  # the catch-up sweep (one event, not per run)
             context.log.info(f"silver of {len(silver_of)} tables "
                              f"({len(changed)} changed by this run)")
         silver_before = previous_of(instance, [silver_key(*c.relation.qualified)

@@ -27,13 +27,14 @@ from deltalake.exceptions import DeltaError
 
 from assets.capture import CAPTURE_POOL
 from assets.keys import SLOT_KEY, bronze_key, multi_check, silver_key, table_of_key
+from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_capture
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import PgCdcError
 from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.names import display_name
-from pgcdc_dagster.ops.consistency import ConsistencyReport, compare_with_source
+from pgcdc_dagster.ops.consistency import ConsistencyReport, compare_tables
 from pgcdc_dagster.ops.lsn_windows import (
     RunRange,
     WindowReport,
@@ -45,6 +46,7 @@ from pgcdc_dagster.ops.schema_drift import compare_schemas, silver_schema_of
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import HEALTHY_WAL_STATUS, SlotHealth, slot_health
 from pgcdc_dagster.postgres.connection import redact
+from pgcdc_dagster.postgres.discovery import SkippedTable
 from pgcdc_dagster.postgres.privileges import explain_error
 from resources import CaptureResource, LakehouseResource, PostgresResource
 
@@ -86,17 +88,39 @@ def _not_evaluated(key: dg.AssetCheckKey, why: str) -> dg.AssetCheckResult:
                                metadata={"evaluated": False})
 
 
+RunContexts = tuple[dict[tuple[str, str], TableContext], dict[tuple[str, str], SkippedTable]]
+"""The captured tables' contexts and the matched tables left out (with why)."""
+
+_RUN_CONTEXTS: dict[str, RunContexts] = {}
+"""The contexts of the run in progress: the check steps of one sweep (``capture_checks`` runs
+them in one process) load them once, not once per step."""
+
+
+def _run_contexts(run_id: str, settings: CaptureSettings) -> RunContexts:
+    cached = _RUN_CONTEXTS.get(run_id)
+    if cached is None:
+        captured, skipped = load_capture(settings)
+        cached = ({c.relation.qualified: c for c in captured},
+                  {(t.schema, t.table): t for t in skipped})
+        _RUN_CONTEXTS.clear()  # one run at a time: the previous run's are not needed
+        _RUN_CONTEXTS[run_id] = cached
+    return cached
+
+
 def _per_table(context: dg.AssetCheckExecutionContext, postgres: PostgresResource,
                lakehouse: LakehouseResource, capture: CaptureResource,
                evaluate: Callable[[dg.AssetCheckKey, TableContext], dg.AssetCheckResult],
+               prepare: Callable[[Sequence[TableContext]], None] | None = None,
                ) -> Iterator[dg.AssetCheckResult]:
-    """Load the selected tables' contexts once and evaluate each selected check."""
+    """Load the selected tables' contexts (once per run) and evaluate each selected check;
+    ``prepare`` receives the contexts first (work done for all tables at once)."""
     keys = _selected(context)
     try:
         settings = capture.settings(postgres.dsn, lakehouse.root)
-        captured, skipped = load_capture(settings)
-        contexts = {c.relation.qualified: c for c in captured}
-        left_out = {(t.schema, t.table): t for t in skipped}
+        contexts, left_out = _run_contexts(context.op_execution_context.run_id, settings)
+        if prepare is not None:
+            wanted = {_table(k) for k in keys}
+            prepare([c for t, c in contexts.items() if t in wanted])
     except _EXPECTED_ERRORS as exc:
         for key in keys:
             yield _not_evaluated(key, explain_error(exc, redact))
@@ -329,13 +353,22 @@ def _table_checks(tables: Sequence[tuple[str, str]],
     def silver_matches_source(context: dg.AssetCheckExecutionContext,
                               postgres: PostgresResource, lakehouse: LakehouseResource,
                               capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
-        def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
-            report = compare_with_source(postgres.dsn, ctx, capture.slot, capture.publication,
-                                         max_pending_bytes=settings.max_pending_bytes)
-            context.log.info(report.describe())
-            return _consistency_result(key, report)
+        reports: dict[str, ConsistencyReport] = {}
 
-        yield from _per_table(context, postgres, lakehouse, capture, evaluate)
+        def compare(contexts: Sequence[TableContext]) -> None:
+            # one slot lock, source snapshot and peek for every table of the sweep
+            found = compare_tables(postgres.dsn, contexts, capture.slot, capture.publication,
+                                   max_pending_bytes=settings.max_pending_bytes)
+            reports.update({c.name: r for c, r in zip(contexts, found, strict=True)})
+            differ = [r.describe() for r in found if r.compared and not r.ok]
+            context.log.info(f"{sum(r.ok for r in found)} of {len(found)} tables match the "
+                             f"source, {sum(not r.compared for r in found)} not compared"
+                             + "".join(f"\n{d}" for d in differ))
+
+        def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
+            return _consistency_result(key, reports[ctx.name])
+
+        yield from _per_table(context, postgres, lakehouse, capture, evaluate, compare)
 
     @multi_check(
         name="silver_schema_matches_source",

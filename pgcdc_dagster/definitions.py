@@ -3,13 +3,23 @@
 ``defs`` is loaded lazily (``@dg.definitions``): the include list is resolved against the
 source catalog when the code location loads, not at import, so a reload picks up new tables
 and an unreachable source is reported in the UI as a load error naming the problem.
+
+Dagster calls the loader several times in one process (``dagster job execute`` four times:
+origin, repository, job, run): the catalog is read each time, but the definitions of the same
+tables and settings are built once per process (:func:`_built`). At exit the objects left are
+frozen out of the garbage collector (:func:`_skip_exit_collection`): the interpreter's final
+collections would otherwise walk every object of Dagster and the capture once more, seconds
+under load, after the run has finished.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 import dagster as dg
 
@@ -22,6 +32,7 @@ from assets.schedules import build_maintenance_schedule, build_schedules
 from assets.sensors import build_sensors
 from assets.signals import build_signal_sensor, signal_job
 from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.lake.memory import use_returning_pool
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import KeyFor, Resolution, check_server, resolve_capture
@@ -129,7 +140,30 @@ def defs() -> dg.Definitions:
             "database, e.g. PGCDC_PG_DSN='host=127.0.0.1 port=5432 dbname=app user=cdc'.")
     include = split_list(os.environ.get("PGCDC_TABLES", ""))
     tables = discover_tables(dsn, include)
+    use_returning_pool()  # bounded memory in the code location's processes (runs)
+    return _built(tuple(tables), _pgcdc_environment())
+
+
+def _pgcdc_environment() -> tuple[tuple[str, str], ...]:
+    """The ``PGCDC_*`` variables: what the definitions' settings and resources are made of."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PGCDC_")))
+
+
+@lru_cache(maxsize=1)
+def _built(tables: tuple[tuple[str, str], ...],
+           environment: tuple[tuple[str, str], ...]) -> dg.Definitions:
+    """:func:`build_definitions` of the environment, once per tables and environment (a
+    reload that finds other tables, or another environment, builds them again)."""
+    del environment  # part of the cache key only: build_definitions reads os.environ
     return build_definitions(tables)
+
+
+@atexit.register
+def _skip_exit_collection() -> None:
+    """Freeze what is left so that the interpreter's exit collections skip it (the memory goes
+    back to the system with the process; nothing of the capture is left to finalize: runs
+    commit, close their connections and stop their threads before they end)."""
+    gc.freeze()
 
 
 __all__ = ["CAPTURE_POOL", "build_definitions", "defs", "discover_capture", "discover_tables"]

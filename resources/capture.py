@@ -62,7 +62,7 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         default=2_000_000, description="upto_nchanges of a window: slot rows one micro-batch "
         "window reads at most (PostgreSQL ends it with the transaction reaching it; 0: no cap).")
     window_portion_changes: int = Field(
-        default=100_000, description="Changes of a window handed to the bronze writer at a "
+        default=10_000, description="Changes of a window handed to the bronze writer at a "
         "time while the window is still read (bounds memory for huge transactions; 0: whole "
         "windows).")
     max_windows: int = Field(default=1000,

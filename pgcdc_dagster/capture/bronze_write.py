@@ -140,10 +140,11 @@ class BronzeWindowWriter:
     _messages: list[pa.Table] = field(default_factory=list)
     _transactions: list[pa.Table] = field(default_factory=list)
     _meta_done: dict[str, int | None] = field(default_factory=dict)
-    part_bytes: int = 64 << 20
+    part_bytes: int = 8 << 20
     """Arrow bytes of a table's converted events gathered before they are written as one
-    part file (fewer, larger files read faster into silver); at most four times this is
-    held for all tables together."""
+    part file (fewer, larger files read faster into silver); at most twice this is
+    held for all tables together, and at most two parts wait for the writer threads: the
+    writer's memory is bounded by this, not by the window."""
     max_pending: int = 2
     """Windows or portions that may wait for the background worker (each holds its rows)."""
     _executor: ThreadPoolExecutor | None = None
@@ -249,7 +250,7 @@ class BronzeWindowWriter:
                         pending.ops[op] = pending.ops.get(op, 0) + int(item["counts"])
             if pending.buffered >= self.part_bytes:
                 self._flush(pending)
-        if sum(p.buffered for p in self._pending.values()) > 4 * self.part_bytes:
+        if sum(p.buffered for p in self._pending.values()) > 2 * self.part_bytes:
             for pending in self._pending.values():
                 self._flush(pending)
         done_msgs = self._meta_committed("messages") if window.messages else None
@@ -270,7 +271,7 @@ class BronzeWindowWriter:
         if self._writers is None:
             self._writers = ThreadPoolExecutor(2, thread_name_prefix="pgcdc-bronze-write")
         for schema, tables in pending.buffer.items():
-            while len(self._writing) >= 4:  # bounds the tables waiting to be written
+            while len(self._writing) >= 2:  # bounds the tables waiting to be written
                 self._writing.popleft().result()
             data = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
             future = self._writers.submit(write_part, pending.ctx.bronze_uri, data, "part-stream")

@@ -22,6 +22,7 @@ from pgcdc_dagster.capture.stream import StreamReport, run_windows, stale_tables
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
+from pgcdc_dagster.lake.memory import release_unused
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import SkippedTable, current_database
 from pgcdc_dagster.postgres.privileges import check_capture_privileges, explains_privileges
@@ -184,6 +185,7 @@ def apply_silver_tables(contexts: Sequence[TableContext], spark: SparkLike,
     def one(ctx: TableContext) -> SilverReport:
         report = apply_silver(ctx, spark, threshold, target_file_bytes)
         crash_point("after_silver_merge")
+        release_unused()
         return report
 
     if len(contexts) < 2 or SILVER_THREADS < 2:

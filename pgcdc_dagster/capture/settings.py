@@ -45,7 +45,7 @@ class CaptureSettings:
     window_max_changes: int = 2_000_000
     """``upto_nchanges`` of a window (0: no cap). PostgreSQL checks it between records, so a
     window ends at its last whole transaction when the cap is reached."""
-    window_portion_changes: int = 100_000
+    window_portion_changes: int = 10_000
     """Changes of one window handed to the bronze writer at a time while the window is still
     being read, so that a huge transaction is converted and written in bounded portions
     (0: the whole window at once)."""

@@ -38,11 +38,11 @@ from pgcdc_dagster.cdc.plugins import PGOUTPUT_WIRE
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.delta import append_arrow, committed_version, open_table
+from pgcdc_dagster.lake.memory import release_unused
 from pgcdc_dagster.lake.paths import slot_root
 from pgcdc_dagster.postgres.catalog import load_types
 from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.peek import peek_window
-from pgcdc_dagster.postgres.plugin_peek import peek_plugin_window
 from pgcdc_dagster.postgres.slot import (
     advance_slot,
     current_flush_lsn,
@@ -303,6 +303,8 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                                          upto_nchanges=cap, portion_changes=portion or None,
                                          on_portion=writer.add if portion else None)
                 else:  # decoderbufs / wal2json rows translated to pgoutput (cdc/plugins)
+                    # imported here: protobuf and the translators only for those plugins
+                    from pgcdc_dagster.postgres.plugin_peek import peek_plugin_window
                     window = peek_plugin_window(
                         conn, settings.plugin_name, settings.slot, settings.publication, upto,
                         upto_nchanges=cap, portion_changes=portion or None,
@@ -318,6 +320,7 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
                 # Only after every bronze commit may the slot forget the window.
                 advance_slot(conn, settings.slot, end)
                 crash_point("after_advance")
+                release_unused()
                 report.windows.append(WindowReport(position, end, window.change_count,
                                                    len(window.transactions), counts,
                                                    time.monotonic() - w_started))

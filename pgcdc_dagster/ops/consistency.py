@@ -27,16 +27,18 @@ import psycopg2.errors
 import psycopg2.extensions
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.exceptions import DeltaError
 from psycopg2 import sql
 
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.changes import TableChanges
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
-from pgcdc_dagster.exceptions import SlotInUseError
+from pgcdc_dagster.exceptions import PgCdcError, SlotInUseError
 from pgcdc_dagster.lake.delta import committed_version, load_table, open_table
-from pgcdc_dagster.postgres.connection import connect, connection
+from pgcdc_dagster.postgres.connection import connect, connection, redact
 from pgcdc_dagster.postgres.peek import peek_window
+from pgcdc_dagster.postgres.privileges import explain_error
 from pgcdc_dagster.postgres.slot import slot_info
 from pgcdc_dagster.postgres.slot_lock import slot_guard_or_reason
 from pgcdc_dagster.postgres.snapshot_read import read_text_batches
@@ -241,17 +243,125 @@ def compare_with_source(dsn: str, ctx: TableContext, slot: str, publication: str
                         max_pending_bytes: int = 256 << 20, keep_limit: int = 200_000,
                         flush_timeout_s: float = 30.0) -> ConsistencyReport:
     """Compare the table's silver with the source (see the module docstring)."""
-    report = ConsistencyReport(ctx.name)
+    return compare_tables(dsn, [ctx], slot, publication, max_pending_bytes=max_pending_bytes,
+                          keep_limit=keep_limit, flush_timeout_s=flush_timeout_s)[0]
+
+
+COMPARE_ERRORS = (PgCdcError, psycopg2.Error, DeltaError, OSError)
+"""Failures that leave one table not compared (with the reason), not the others."""
+
+
+def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, publication: str, *,
+                   max_pending_bytes: int = 256 << 20, keep_limit: int = 200_000,
+                   flush_timeout_s: float = 30.0) -> list[ConsistencyReport]:
+    """Compare many tables' silver with the source, in the contexts' order.
+
+    What every table shares is done once for all of them (issue 16: a sweep of 1,000 tables
+    in seconds): the slot's lock, one connection for the slot, one REPEATABLE READ snapshot
+    of the source at one WAL position, one flush, one peek of the pending changes. Then each
+    table's source rows are read in that snapshot and its silver at the version pinned
+    before; a table that fails is reported not compared (with why), the others go on.
+    """
+    reports = [ConsistencyReport(ctx.name) for ctx in contexts]
+    pending: list[tuple[TableContext, ConsistencyReport, _Comparison]] = []
+    for ctx, report in zip(contexts, reports, strict=True):
+        try:
+            cmp = _prepare(ctx, report, keep_limit)
+        except COMPARE_ERRORS as exc:
+            report.reason = f"could not compare: {explain_error(exc, redact)}"
+            continue
+        if cmp is not None:
+            pending.append((ctx, report, cmp))
+    if not pending:
+        return reports
+
+    def give_up(reason: str) -> list[ConsistencyReport]:
+        for _, report, _ in pending:
+            report.reason = reason
+        return reports
+
+    with slot_guard_or_reason(dsn, slot) as busy, connection(dsn) as conn:
+        if busy is not None:  # it peeks the slot: one reader at a time
+            return give_up(busy)
+        info = slot_info(conn, slot)
+        if info is None or info.confirmed_flush_lsn is None:
+            return give_up(f"replication slot {slot!r} does not exist or is invalidated")
+        if info.active:
+            return give_up(f"replication slot {slot!r} is in use (pid {info.active_pid}); "
+                           "retry")
+        for ctx, report, _ in pending:
+            report.silver_lsn = info.confirmed_flush_lsn
+            now_bronze, now_silver = open_table(ctx.bronze_uri), open_table(ctx.silver_uri)
+            if now_bronze is None or now_silver is None or \
+                    now_bronze.version() != report.bronze_version or \
+                    now_silver.version() != report.silver_version:
+                report.reason = ("bronze or silver changed during the check (a run was "
+                                 "capturing); retry")
+        pending = [p for p in pending if not p[1].reason]
+        if not pending:
+            return reports
+        snap = connect(dsn, autocommit=False, application_name="pgcdc_dagster check")
+        try:
+            with snap.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+                insert_lsn = cur.fetchone()[0]
+            source_lsn = Lsn.parse(insert_lsn)
+            for _, report, _ in pending:
+                report.source_lsn = source_lsn
+            backlog = int(source_lsn) - int(info.confirmed_flush_lsn)
+            if backlog > max_pending_bytes:
+                return give_up(f"the slot is {backlog} bytes behind the source (limit "
+                               f"{max_pending_bytes}): run cdc_microbatch, then the check")
+            if not _wait_flushed(conn, source_lsn, flush_timeout_s):
+                return give_up(f"WAL up to {source_lsn} was not flushed in time")
+            try:
+                window = peek_window(conn, slot, publication, source_lsn)
+            except (psycopg2.errors.ObjectInUse, SlotInUseError) as exc:
+                return give_up(f"replication slot {slot!r} is in use: {exc}")
+            after = slot_info(conn, slot)
+            if after is None or after.confirmed_flush_lsn != info.confirmed_flush_lsn:
+                return give_up("the slot moved during the check (a run was capturing); retry")
+            for ctx, report, cmp in pending:
+                try:
+                    _digest_source(snap, ctx, report, cmp,
+                                   window.tables.get(ctx.relation.qualified, []))
+                except COMPARE_ERRORS as exc:
+                    report.reason = f"could not compare: {explain_error(exc, redact)}"
+        finally:
+            snap.rollback()
+            snap.close()
+    for ctx, report, cmp in pending:
+        if report.reason:
+            continue
+        try:
+            pinned = load_table(ctx.silver_uri, report.silver_version)
+            dataset = pinned.to_pyarrow_dataset()
+            for batch in dataset.to_batches(columns=report.columns,
+                                            filter=~pc.field("__deleted")):
+                cmp.digest(report.silver, batch.cast(cmp.target))
+        except COMPARE_ERRORS as exc:
+            report.reason = f"could not compare: {explain_error(exc, redact)}"
+            continue
+        report.compared = True
+        _samples(report)
+    return reports
+
+
+def _prepare(ctx: TableContext, report: ConsistencyReport,
+             keep_limit: int) -> _Comparison | None:
+    """The columns both sides have, from silver's schema; None (with the reason) when the
+    table cannot be compared now."""
     bronze, silver = open_table(ctx.bronze_uri), open_table(ctx.silver_uri)
     if bronze is None or silver is None:
         report.reason = "bronze or silver does not exist yet: run the initial_snapshot job"
-        return report
+        return None
     applied = committed_version(silver, ctx.silver_app_id)
     report.bronze_version = bronze.version()
     if applied is None or applied < report.bronze_version:
         report.reason = (f"silver applied bronze up to version {applied}, bronze is at "
                          f"{report.bronze_version}: materialize silver first")
-        return report
+        return None
     report.silver_version = silver.version()
     silver_schema = pa.schema(silver.schema().to_arrow())
     by_name = {c.name: conv for c, conv in zip(ctx.relation.columns, ctx.converters,
@@ -273,74 +383,35 @@ def compare_with_source(dsn: str, ctx: TableContext, slot: str, publication: str
     missing_keys = [k for k in ctx.relation.key_names if k not in target.names]
     if missing_keys:
         report.reason = f"key columns {missing_keys} cannot be compared (schema drift)"
-        return report
+        return None
     report.columns = list(target.names)
-    cmp = _Comparison(ctx, report, target, convs, keep_limit)
-    with slot_guard_or_reason(dsn, slot) as busy, connection(dsn) as conn:
-        if busy is not None:  # it peeks the slot: one reader at a time
-            report.reason = busy
-            return report
-        info = slot_info(conn, slot)
-        if info is None or info.confirmed_flush_lsn is None:
-            report.reason = f"replication slot {slot!r} does not exist or is invalidated"
-            return report
-        if info.active:
-            report.reason = f"replication slot {slot!r} is in use (pid {info.active_pid}); retry"
-            return report
-        report.silver_lsn = info.confirmed_flush_lsn
-        now_bronze, now_silver = open_table(ctx.bronze_uri), open_table(ctx.silver_uri)
-        if now_bronze is None or now_silver is None or \
-                now_bronze.version() != report.bronze_version or \
-                now_silver.version() != report.silver_version:
-            report.reason = "bronze or silver changed during the check (a run was capturing); retry"
-            return report
-        snap = connect(dsn, autocommit=False, application_name="pgcdc_dagster check")
-        try:
-            with snap.cursor() as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                cur.execute("SELECT pg_export_snapshot(), pg_current_wal_insert_lsn()::text")
-                snapshot_name, insert_lsn = cur.fetchone()
-            report.source_lsn = Lsn.parse(insert_lsn)
-            backlog = int(report.source_lsn) - int(report.silver_lsn)
-            if backlog > max_pending_bytes:
-                report.reason = (f"the slot is {backlog} bytes behind the source (limit "
-                                 f"{max_pending_bytes}): run cdc_microbatch, then the check")
-                return report
-            if not _wait_flushed(conn, report.source_lsn, flush_timeout_s):
-                report.reason = f"WAL up to {report.source_lsn} was not flushed in time"
-                return report
-            try:
-                window = peek_window(conn, slot, publication, report.source_lsn)
-            except (psycopg2.errors.ObjectInUse, SlotInUseError) as exc:
-                report.reason = f"replication slot {slot!r} is in use: {exc}"
-                return report
-            after = slot_info(conn, slot)
-            if after is None or after.confirmed_flush_lsn != report.silver_lsn:
-                report.reason = "the slot moved during the check (a run was capturing); retry"
-                return report
-            images: list[tuple[object, ...]] = []
-            for seg in window.tables.get(ctx.relation.qualified, []):
-                report.pending_events += len(seg)
-                if "t" in seg.op:
-                    report.reason = (f"a TRUNCATE of {ctx.name} is pending in the slot: run "
-                                     "cdc_microbatch, then the check")
-                    return report
-                images.extend(_key_images(seg, ctx.relation.key_names))
-            cmp.exclude(images)
-            cols = report.columns
-            query = sql.SQL("SELECT {} FROM {}").format(
-                sql.SQL(", ").join(sql.Identifier(c) for c in cols),
-                sql.Identifier(ctx.relation.namespace, ctx.relation.name))
-            for text in read_text_batches(dsn, snapshot_name, query, cols):
-                cmp.digest(report.source, cmp.source_batch(text))
-        finally:
-            snap.rollback()
-            snap.close()
-    pinned = load_table(ctx.silver_uri, report.silver_version)
-    dataset = pinned.to_pyarrow_dataset()
-    for batch in dataset.to_batches(columns=report.columns, filter=~pc.field("__deleted")):
-        cmp.digest(report.silver, batch.cast(target))
-    report.compared = True
-    _samples(report)
-    return report
+    return _Comparison(ctx, report, target, convs, keep_limit)
 
+
+def _digest_source(snap: psycopg2.extensions.connection, ctx: TableContext,
+                   report: ConsistencyReport, cmp: _Comparison,
+                   segments: Sequence[TableChanges]) -> None:
+    """Leave out the keys changed after silver's position, then hash the source rows (read
+    in ``snap``'s REPEATABLE READ transaction: every table at the same point, on one
+    connection)."""
+    images: list[tuple[object, ...]] = []
+    for seg in segments:
+        report.pending_events += len(seg)
+        if "t" in seg.op:
+            report.reason = (f"a TRUNCATE of {ctx.name} is pending in the slot: run "
+                             "cdc_microbatch, then the check")
+            return
+        images.extend(_key_images(seg, ctx.relation.key_names))
+    cmp.exclude(images)
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in report.columns),
+        sql.Identifier(ctx.relation.namespace, ctx.relation.name))
+    with snap.cursor() as cur:  # a failed read leaves the next tables a usable transaction
+        cur.execute("SAVEPOINT pgcdc_table")
+    try:
+        for text in read_text_batches("", None, query, report.columns, within=snap):
+            cmp.digest(report.source, cmp.source_batch(text))
+    except Exception:  # a vanished table: its COPY failed, the transaction must go on
+        with snap.cursor() as cur:
+            cur.execute("ROLLBACK TO SAVEPOINT pgcdc_table")
+        raise

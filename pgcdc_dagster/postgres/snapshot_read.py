@@ -554,11 +554,15 @@ def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable
                       columns: Sequence[str], *, block_size: int = CSV_BLOCK_BYTES,
                       label: str = "snapshot read",
                       escaped: Collection[int] | None = None,
-                      statement_timeout_ms: int = 0) -> Iterator[pa.RecordBatch]:
+                      statement_timeout_ms: int = 0,
+                      within: psycopg2.extensions.connection | None = None,
+                      ) -> Iterator[pa.RecordBatch]:
     """Yield batches of the query's rows, every column as text (NULL as null).
 
     With ``snapshot_name`` the query runs in a REPEATABLE READ READ ONLY transaction that
     imports that exported snapshot, so every chunk sees the same consistent state.
+    ``within``: run the query in that connection's open transaction instead (many reads of
+    one snapshot on one connection; the caller ends the transaction and closes it).
     ``label`` names the work in error messages; ``escaped`` lists the columns whose values
     may hold COPY escapes (None = all; see :data:`PLAIN_TYPES`). ``statement_timeout_ms``
     > 0 cancels the query after that long (user SQL: filters, overrides).
@@ -567,7 +571,8 @@ def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable
         TableVanishedError: the table or a column no longer exists.
         SnapshotExpiredError: ``snapshot_name`` can no longer be imported.
     """
-    conn = connect(dsn, autocommit=False, application_name="pgcdc_dagster chunk reader")
+    conn = within if within is not None else \
+        connect(dsn, autocommit=False, application_name="pgcdc_dagster chunk reader")
     copy = sql.SQL("COPY ({}) TO STDOUT").format(query).as_string(conn)
     read_fd, write_fd = os.pipe()
     source = os.fdopen(read_fd, "rb", closefd=True)
@@ -577,9 +582,10 @@ def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable
         try:
             with os.fdopen(write_fd, "wb", buffering=1 << 16, closefd=True) as sink, \
                     conn.cursor() as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                if snapshot_name:
-                    cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+                if within is None:
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    if snapshot_name:
+                        cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
                 set_session(cur)
                 if statement_timeout_ms:
                     set_timeout(cur, statement_timeout_ms)
@@ -618,7 +624,7 @@ def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable
             conn.cancel()  # the consumer stopped early: end the COPY, unblock the writer
         source.close()
         thread.join(timeout=60)
-        if not conn.closed:
+        if within is None and not conn.closed:
             conn.rollback()
             conn.close()
 

@@ -40,8 +40,6 @@ import re
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
-from pglast.parser import ParseError, parse_sql_json, scan
-
 from pgcdc_dagster.exceptions import ConfigurationError
 
 MAX_CHARS = 65536
@@ -169,6 +167,8 @@ def parse_one(text: str, label: str, prefix: str = "") -> Node:
         raise RejectedSql(f"{label}: it is empty")
     if len(text) > MAX_CHARS:
         raise RejectedSql(f"{label}: it is {len(text)} characters long; at most {MAX_CHARS}")
+    from pglast.parser import ParseError, parse_sql_json, scan  # only where user SQL is
+
     try:
         tokens = list(scan(prefix + text))
         tree = json.loads(parse_sql_json(prefix + text))
@@ -443,6 +443,8 @@ def single_statement(text: str) -> str:
     """
     if not text.strip():
         raise ConfigurationError("it is empty")
+    from pglast.parser import ParseError, parse_sql_json, scan  # only where user SQL is
+
     try:
         stmts = json.loads(parse_sql_json(text)).get("stmts", [])
     except ParseError as exc:

@@ -30,7 +30,6 @@ import psycopg2
 import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg2 import sql
-from pyspark.accumulators import Accumulator, AccumulatorParam
 
 from pgcdc_dagster import exceptions
 from pgcdc_dagster.capture.snapshot_binary import binary_select, convert_column, native_kind
@@ -384,31 +383,6 @@ def warm_workers(spark: SparkSession) -> threading.Thread | None:
     return thread
 
 
-class _Results(AccumulatorParam):  # type: ignore[type-arg]
-    """Accumulates :class:`ChunkResult` lists; Spark merges a task's update on the driver as
-    soon as the task finishes, which is how one job reports its chunks one by one."""
-
-    def zero(self, value: list[ChunkResult]) -> list[ChunkResult]:
-        return []
-
-    def addInPlace(self, value1: list[ChunkResult],
-                   value2: list[ChunkResult]) -> list[ChunkResult]:
-        value1.extend(value2)
-        return value1
-
-
-class _Reported:
-    """The task function of the one-job mode: run the chunk, report it through ``results``."""
-
-    def __init__(self, results: Accumulator[list[ChunkResult]]) -> None:
-        self.results = results
-
-    def __call__(self, unit: Unit) -> int:
-        tasks = chunks_of(unit)
-        self.results.add([run_chunk(task) for task in tasks])
-        return len(tasks)
-
-
 def _run_unit(unit: Unit) -> list[ChunkResult]:
     return [run_chunk(task) for task in chunks_of(unit)]
 
@@ -460,7 +434,10 @@ def _run_one_job(spark: SparkSession, group: str, tasks: Sequence[Unit],
                  on_result: Callable[[ChunkResult], None],
                  proceed: Callable[[ChunkTask], bool], drained: Callable[[], None]) -> None:
     sc = spark.sparkContext
-    results = sc.accumulator([], _Results())
+    # pyspark only where Spark works: a run without snapshot chunks never imports it
+    from pgcdc_dagster.spark.chunk_results import ChunkResults, Reported
+
+    results = sc.accumulator([], ChunkResults())
     failure: list[BaseException] = []
     cancelled = threading.Event()
     chunks = sum(len(chunks_of(u)) for u in tasks)
@@ -469,7 +446,7 @@ def _run_one_job(spark: SparkSession, group: str, tasks: Sequence[Unit],
         try:
             sc.setJobGroup(group, f"pgcdc snapshot: {chunks} chunks in {len(tasks)} tasks",
                            interruptOnCancel=True)
-            sc.parallelize(list(tasks), len(tasks)).map(_Reported(results)).collect()
+            sc.parallelize(list(tasks), len(tasks)).map(Reported(results)).collect()
         except BaseException as exc:  # reported (or ignored after a cancel) by the caller
             failure.append(exc)
 

@@ -3,6 +3,8 @@
 One scenario over two captures of the same database, 3 and 50 tables:
 * an idle ``cdc_microbatch`` writes as many Dagster events for 50 captured tables as for 3
   (no per-table planned events, materializations or checks), and starts no Spark session;
+* the ``capture_checks`` sweep evaluates every check of every table (all pass) and opens as
+  many connections for 50 tables as for 3;
 * a run that changes 2 of 50 tables reports bronze and silver materializations and light
   check evaluations of exactly those 2 tables (plus the slot's check and observation);
 * a table added later is snapshotted (with Spark) and everything converges: silver equals the
@@ -11,7 +13,11 @@ One scenario over two captures of the same database, 3 and 50 tables:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import dagster as dg
+import psycopg2
 import pytest
 from dagster._core.storage.dagster_run import DagsterRun
 
@@ -59,6 +65,24 @@ def _planned(instance: dg.DagsterInstance, run_id: str) -> int:
                if r.event_log_entry.dagster_event_type in kinds)
 
 
+@contextlib.contextmanager
+def _counting_connections() -> Iterator[list[int]]:
+    """Counts the PostgreSQL connections opened meanwhile (every one goes through
+    ``psycopg2.connect``; they are real connections, only counted)."""
+    count = [0]
+    real = psycopg2.connect
+
+    def counted(*args: object, **kwargs: object) -> object:
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    psycopg2.connect = counted
+    try:
+        yield count
+    finally:
+        psycopg2.connect = real
+
+
 def test_local_parallelism_is_known_without_a_jvm() -> None:
     assert [local_parallelism(m) for m in ("local", "local[3]", "local[2, 4]",
                                            "spark://h:7077")] == [1, 3, 2, None]
@@ -95,6 +119,18 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
             events[schema] = len(instances[schema].get_records_for_run(
                 idle.run_id, limit=10_000).records)
         assert events["cost_a"] == events["cost_b"], events
+
+        # The full check sweep: every check of every table evaluates and passes (silver
+        # equals the source), and the sweep opens as many connections for 50 tables as for
+        # 3 (one slot lock, one source snapshot and peek, one catalog read for all).
+        opened: dict[str, int] = {}
+        for schema, n in sizes.items():
+            with _counting_connections() as count:
+                sweep = _run(defs[schema], instances[schema], "capture_checks")
+            opened[schema] = count[0]
+            checked = _checked(sweep)
+            assert len(checked) == 3 * n + 1 and all(checked.values()), checked
+        assert opened["cost_a"] == opened["cost_b"], opened
 
         # Busy: t1 and t7 change; the other 48 stay idle.
         with pg_conn.cursor() as cur:

@@ -51,7 +51,7 @@ NOT_SLOT_OPS = {
 SLOT_ENTRY_POINTS = {
     "run_bronze",          # capture.runner: snapshot + stream windows, slot advance
     "run_incremental",     # capture.incremental: DBLog windows, slot advance
-    "compare_with_source",  # ops.consistency: peek_window on the slot
+    "compare_with_source", "compare_tables",  # ops.consistency: peek_window on the slot
     "teardown",            # ops.teardown: drop_slot
     "peek_window", "advance_slot", "drop_slot", "create_slot_with_snapshot",
 }
