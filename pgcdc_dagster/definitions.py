@@ -31,11 +31,18 @@ from assets.operations import build_maintenance_job, teardown_job
 from assets.schedules import build_maintenance_schedule, build_schedules
 from assets.sensors import build_sensors
 from assets.signals import build_signal_sensor, signal_job
+from pgcdc_dagster.cdc.plugins import PGOUTPUT
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.memory import use_returning_pool
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.postgres.connection import connection
-from pgcdc_dagster.postgres.discovery import KeyFor, Resolution, check_server, resolve_capture
+from pgcdc_dagster.postgres.discovery import (
+    KeyFor,
+    Resolution,
+    check_server,
+    leave_out_partitioned,
+    resolve_capture,
+)
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from resources.capture import split_list
 
@@ -85,21 +92,24 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:  # type: ignore[t
 
 
 def discover_capture(dsn: str, include: Sequence[str], exclude: Sequence[str] = (), *,
-                     key_for: KeyFor | None = None) -> Resolution:
+                     key_for: KeyFor | None = None, plugin: str = PGOUTPUT) -> Resolution:
     """The captured tables and the matched ones left out, from the source catalog."""
     with connection(dsn) as conn:
         check_server(conn)
-        return resolve_capture(conn, include, exclude, key_for=key_for)
+        found = resolve_capture(conn, include, exclude, key_for=key_for)
+        leave_out_partitioned(conn, found, include, plugin)
+        return found
 
 
 def discover_tables(dsn: str, include: Sequence[str], exclude: Sequence[str] = (), *,
-                    key_for: KeyFor | None = None) -> list[tuple[str, str]]:
+                    key_for: KeyFor | None = None, plugin: str = PGOUTPUT
+                    ) -> list[tuple[str, str]]:
     """The captured ``(schema, table)`` pairs, resolved against the source catalog.
 
     Matched tables that cannot be captured are left out with a warning in the log (the
     code location still loads; docs/operations.md, "Refusals and their fixes").
     """
-    found = discover_capture(dsn, include, exclude, key_for=key_for)
+    found = discover_capture(dsn, include, exclude, key_for=key_for, plugin=plugin)
     if found.skipped:
         dg.get_dagster_logger("pgcdc_dagster").warning(found.warning())
     return [r.qualified for r in found.relations]
@@ -139,7 +149,8 @@ def defs() -> dg.Definitions:
             "PGCDC_PG_DSN is not set: export the libpq connection string of the source "
             "database, e.g. PGCDC_PG_DSN='host=127.0.0.1 port=5432 dbname=app user=cdc'.")
     include = split_list(os.environ.get("PGCDC_TABLES", ""))
-    tables = discover_tables(dsn, include)
+    tables = discover_tables(dsn, include,
+                             plugin=os.environ.get("PGCDC_PLUGIN_NAME") or PGOUTPUT)
     use_returning_pool()  # bounded memory in the code location's processes (runs)
     return _built(tuple(tables), _pgcdc_environment())
 

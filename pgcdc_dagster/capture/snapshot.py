@@ -73,6 +73,7 @@ from pgcdc_dagster.postgres.discovery import (
     check_server,
     compile_patterns,
     current_database,
+    leave_out_partitioned,
     resolve_capture,
 )
 from pgcdc_dagster.postgres.slot import (
@@ -161,6 +162,7 @@ def load_capture(settings: CaptureSettings) -> tuple[list[TableContext], list[Sk
         check_server(conn)
         key_for = parse_column_options(tuple(settings.column_options)).key_for
         found = resolve_capture(conn, settings.include, settings.exclude, key_for=key_for)
+        leave_out_partitioned(conn, found, settings.include, settings.plugin_name)
         # Types resolved, the schema history read once and its new entries written in one
         # append, for every table.
         types: dict[int, PgType] = {}

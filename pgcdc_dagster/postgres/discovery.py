@@ -10,6 +10,7 @@ import psycopg2.extensions
 
 from pgcdc_dagster.cdc.changes import Column, Relation
 from pgcdc_dagster.cdc.column_names import column_name_problems
+from pgcdc_dagster.cdc.plugins import PGOUTPUT_WIRE
 from pgcdc_dagster.exceptions import ConfigurationError, MissingPrimaryKeyError, TableNotFoundError
 from pgcdc_dagster.names import display_name
 
@@ -201,15 +202,52 @@ def resolve_capture(conn: psycopg2.extensions.connection, include: Sequence[str]
             skipped = unstorable(schema, table, [c.name for c in relation.columns])
         if skipped is not None:
             if explicit:
-                raise ConfigurationError(
-                    f"PGCDC_TABLES names {display_name(schema, table)}, which cannot be "
-                    f"captured: {skipped.reason}. Fix: {skipped.fix}; or remove it from "
-                    "PGCDC_TABLES.")
+                raise _named_but_unusable(skipped)
             out.skipped.append(skipped)
             continue
         assert relation is not None
         out.relations.append(relation)
     return out
+
+
+def _named_but_unusable(skipped: SkippedTable) -> ConfigurationError:
+    return ConfigurationError(
+        f"PGCDC_TABLES names {display_name(skipped.schema, skipped.table)}, which cannot be "
+        f"captured: {skipped.reason}. Fix: {skipped.fix}; or remove it from PGCDC_TABLES.")
+
+
+def leave_out_partitioned(conn: psycopg2.extensions.connection, found: Resolution,
+                          include: Sequence[str], plugin: str) -> None:
+    """Move the partitioned tables of ``found`` to its skipped ones when ``plugin`` names a
+    change by the partition holding the row (wal2json, decoderbufs): their streamed changes
+    could never reach the captured table. pgoutput publishes them via the root.
+
+    Raises:
+        ConfigurationError: the include list names such a table literally.
+    """
+    if plugin in PGOUTPUT_WIRE or not found.relations:
+        return
+    with conn.cursor() as cur:
+        cur.execute("SELECT oid FROM pg_class WHERE relkind = 'p' AND oid = ANY(%s)",
+                    ([r.oid for r in found.relations],))
+        partitioned = {int(row[0]) for row in cur.fetchall()}
+    if not partitioned:
+        return
+    patterns = compile_patterns(include, "PGCDC_TABLES (table.include.list)")
+    kept = []
+    for rel in found.relations:
+        if rel.oid not in partitioned:
+            kept.append(rel)
+            continue
+        skipped = SkippedTable(
+            rel.namespace, rel.name, f"a partitioned table: the {plugin} plugin names each "
+            "change by the partition holding the row, never by this table, so its changes "
+            "would not be captured", "set plugin.name (PGCDC_PLUGIN_NAME) to pgoutput, which "
+            "publishes them via the partitioned table, or exclude it (table.exclude.list)")
+        if names_table(patterns, rel.namespace, rel.name):
+            raise _named_but_unusable(skipped)
+        found.skipped.append(skipped)
+    found.relations = kept
 
 
 def unstorable(schema: str, table: str, columns: Sequence[str]) -> SkippedTable | None:

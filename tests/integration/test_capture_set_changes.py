@@ -168,3 +168,28 @@ def test_existing_publication_of_partitioned_table_publishes_via_root(pg_conn) -
         assert cur.fetchone() == (True,)
     assert _published(pg_conn) == ["q"]
     ensure_publication(pg_conn, "cs", [q], "disabled")  # now accepted
+
+
+def test_partitioned_table_left_out_under_plugins_naming_partitions(pg_dsn, pg_conn,
+                                                                     lakehouse) -> None:
+    """wal2json and decoderbufs name a change by the partition holding the row, never by the
+    captured partitioned table, so its streamed changes would be dropped silently: the table
+    is left out with its reason and fix (an error when PGCDC_TABLES names it); pgoutput
+    captures it."""
+    from pgcdc_dagster.capture.snapshot import load_capture
+
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+        cur.execute("CREATE TABLE p_1 PARTITION OF p FOR VALUES FROM (0) TO (100)")
+        cur.execute("CREATE TABLE plain (id int PRIMARY KEY)")
+    base = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), include=("public\\..*",),
+                           slot="cs", publication="cs")
+    for plugin in ("wal2json", "decoderbufs"):
+        captured, skipped = load_capture(dataclasses.replace(base, plugin_name=plugin))
+        assert [c.relation.name for c in captured] == ["plain"]
+        assert [s.table for s in skipped] == ["p"]
+        assert plugin in skipped[0].reason and "pgoutput" in skipped[0].fix
+    with pytest.raises(ConfigurationError, match=r"names public\.p.*pgoutput"):
+        load_capture(dataclasses.replace(base, plugin_name="wal2json", include=("public\\.p",)))
+    captured, skipped = load_capture(base)
+    assert [c.relation.name for c in captured] == ["p", "plain"] and not skipped
