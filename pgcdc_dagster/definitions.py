@@ -148,11 +148,25 @@ def defs() -> dg.Definitions:
         raise ConfigurationError(
             "PGCDC_PG_DSN is not set: export the libpq connection string of the source "
             "database, e.g. PGCDC_PG_DSN='host=127.0.0.1 port=5432 dbname=app user=cdc'.")
-    include = split_list(os.environ.get("PGCDC_TABLES", ""))
-    tables = discover_tables(dsn, include,
-                             plugin=os.environ.get("PGCDC_PLUGIN_NAME") or PGOUTPUT)
+    environment = _pgcdc_environment()
+    tables = _discovered(environment)
     use_returning_pool()  # bounded memory in the code location's processes (runs)
-    return _built(tuple(tables), _pgcdc_environment())
+    return _built(tables, environment)
+
+
+@lru_cache(maxsize=1)
+def _discovered(environment: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The captured tables, read from the source catalog once per process and environment.
+
+    Dagster reconstructs the code location four to six times within one `dagster job
+    execute`; each reconstruction would otherwise reconnect, re-read the catalog and repeat
+    the warning about tables left out. A reload (the UI's *Reload*, `dagster dev`, `dagster
+    code-server start`) starts a new code-server process, which reads the catalog again.
+    """
+    env = dict(environment)
+    include = split_list(env.get("PGCDC_TABLES", ""))
+    return tuple(discover_tables(env["PGCDC_PG_DSN"], include,
+                                 plugin=env.get("PGCDC_PLUGIN_NAME") or PGOUTPUT))
 
 
 def _pgcdc_environment() -> tuple[tuple[str, str], ...]:

@@ -11,6 +11,7 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
+from pgcdc_dagster import definitions
 from pgcdc_dagster.definitions import build_definitions, defs, discover_tables
 from pgcdc_dagster.exceptions import ConfigurationError, SourceUnavailableError
 from pgcdc_dagster.lake.paths import table_uri
@@ -144,18 +145,36 @@ def test_lazy_definitions_report_an_unreachable_source(monkeypatch) -> None:
         defs()
 
 
+_SILVER_KEYS = ("from pgcdc_dagster.definitions import defs\n"
+                "keys = sorted('/'.join(k.path) for k in defs().resolve_all_asset_keys()\n"
+                "              if k.path[0] == 'silver')\n"
+                "print('|'.join(keys))\n")
+
+
 def test_reload_picks_up_new_tables(pg_dsn, pg_conn, monkeypatch) -> None:
+    """The catalog is read once per code-location process (Dagster reconstructs the location
+    several times in one run), and a reload, which starts a new code-server process, sees the
+    tables created since."""
     with pg_conn.cursor() as cur:
         cur.execute("CREATE TABLE first_table (id int PRIMARY KEY)")
     monkeypatch.setenv("PGCDC_PG_DSN", pg_dsn)
     monkeypatch.setenv("PGCDC_TABLES", "public\\..*")
 
-    def silver_keys() -> set[str]:
-        loaded = defs()
-        return {"/".join(k.path) for k in loaded.resolve_all_asset_keys()
-                if k.path[0] == "silver"}
+    def reloaded_silver_keys() -> set[str]:
+        proc = subprocess.run([sys.executable, "-c", _SILVER_KEYS], cwd=ROOT, env=os.environ,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return set(proc.stdout.strip().splitlines()[-1].split("|"))
 
-    assert silver_keys() == {"silver/public/first_table"}
+    assert reloaded_silver_keys() == {"silver/public/first_table"}
+    loaded = defs()
     with pg_conn.cursor() as cur:
         cur.execute("CREATE TABLE second_table (id int PRIMARY KEY)")
-    assert silver_keys() == {"silver/public/first_table", "silver/public/second_table"}
+    reads: list[object] = []
+    discover = definitions.discover_tables
+    monkeypatch.setattr(definitions, "discover_tables",
+                        lambda *a, **k: reads.append(a) or discover(*a, **k))
+    for _ in range(3):  # reconstructions within one process: no new catalog read
+        assert defs() is loaded
+    assert reads == []
+    assert reloaded_silver_keys() == {"silver/public/first_table", "silver/public/second_table"}
