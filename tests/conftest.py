@@ -13,6 +13,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg2
@@ -51,16 +52,16 @@ def _with_dbname(dsn: str, dbname: str) -> str:
     return " ".join([*parts, f"dbname={dbname}"])
 
 
-@pytest.fixture
-def pg_dsn(pg_server: str) -> Iterator[str]:
-    """A fresh, empty database for one test; its slots are dropped and it is removed after."""
+@contextmanager
+def fresh_database(server: str) -> Iterator[str]:
+    """A fresh, empty database; its slots are dropped and it is removed after."""
     name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(pg_server)
+    admin = psycopg2.connect(server)
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield _with_dbname(pg_server, name)
+        yield _with_dbname(server, name)
     finally:
         with admin.cursor() as cur:
             cur.execute(
@@ -71,6 +72,20 @@ def pg_dsn(pg_server: str) -> Iterator[str]:
                 "WHERE database = %s", (name,))
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: str) -> Iterator[str]:
+    """A fresh, empty database for one test; its slots are dropped and it is removed after."""
+    with fresh_database(pg_server) as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def second_pg_dsn(pg_server: str) -> Iterator[str]:
+    """Another fresh, empty database for the same test."""
+    with fresh_database(pg_server) as dsn:
+        yield dsn
 
 
 @pytest.fixture

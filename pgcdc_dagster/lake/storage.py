@@ -9,8 +9,16 @@ driver's and the Spark executors' Parquet writes and reads: Spark here has no Ha
 connector) and, pickled inside the tasks, to the executors, which may not share the
 driver's environment. Option values are secrets: nothing here logs or prints them.
 
-Other schemes delta-rs and pyarrow both know (``gs://``, ``az://``/``abfs://``) pass their
-registered options through unchanged; pyarrow then reads its own environment.
+Other schemes delta-rs supports are passed on, never refused or rewritten:
+
+* Azure (``az://``, ``azure://``, ``abfs://``, ``abfss://``; the account in the URI's
+  ``container@account.dfs.core.windows.net`` or in the options): the ``AZURE_STORAGE_*`` /
+  ``AZURE_CLIENT_*`` variables and the registered options, under object_store's lower-case
+  names (``azure_storage_account_name`` …), go to delta-rs, and the account, key, SAS token
+  or service principal to pyarrow's ``AzureFileSystem`` (pyarrow itself has no ``az://``).
+* Google Cloud Storage (``gs://``, ``gcs://``): registered options go to delta-rs as given;
+  pyarrow's ``GcsFileSystem`` uses Google's default credentials
+  (``GOOGLE_APPLICATION_CREDENTIALS``, which delta-rs reads too, or the metadata server).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.paths import is_local
 
 S3_SCHEMES = ("s3", "s3a")
@@ -35,6 +44,27 @@ _ALIASES = {"AWS_ENDPOINT": "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3": "AWS_ENDP
             "AWS_ACCESS_KEY": "AWS_ACCESS_KEY_ID", "AWS_SECRET_KEY": "AWS_SECRET_ACCESS_KEY",
             "AWS_TOKEN": "AWS_SESSION_TOKEN"}
 
+AZURE_SCHEMES = ("az", "azure", "abfs", "abfss")
+GCS_SCHEMES = ("gs", "gcs")
+AZURE_ENV_KEYS = (
+    "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_ID",
+)
+"""Environment variables read for Azure roots (registered options win)."""
+_AZURE_NAMES = {
+    "account_name": "azure_storage_account_name",
+    "account_key": "azure_storage_account_key", "access_key": "azure_storage_account_key",
+    "azure_storage_access_key": "azure_storage_account_key",
+    "azure_storage_key": "azure_storage_account_key",
+    "sas_token": "azure_storage_sas_token", "sas_key": "azure_storage_sas_token",
+    "azure_storage_sas_key": "azure_storage_sas_token",
+    "client_id": "azure_client_id", "azure_storage_client_id": "azure_client_id",
+    "client_secret": "azure_client_secret",
+    "azure_storage_client_secret": "azure_client_secret",
+    "tenant_id": "azure_tenant_id", "azure_storage_tenant_id": "azure_tenant_id",
+}
+"""object_store's aliases of the Azure keys pyarrow needs, to one (its canonical) name."""
+
 _registered: dict[str, dict[str, str]] = {}
 _lock = threading.Lock()
 
@@ -46,7 +76,8 @@ def scheme(uri: str) -> str:
 
 def canonical(options: Mapping[str, str], uri_scheme: str = "s3") -> dict[str, str]:
     """Options under one spelling: ``AWS_*`` upper case for S3 (``endpoint`` ->
-    ``AWS_ENDPOINT_URL``), as given for other schemes. Empty values are dropped."""
+    ``AWS_ENDPOINT_URL``), object_store's lower-case names for Azure (``account_key`` ->
+    ``azure_storage_account_key``), as given for other schemes. Empty values are dropped."""
     out: dict[str, str] = {}
     for key, value in options.items():
         if value is None or str(value) == "":
@@ -55,6 +86,8 @@ def canonical(options: Mapping[str, str], uri_scheme: str = "s3") -> dict[str, s
         if uri_scheme in S3_SCHEMES:
             name = name if name.startswith("AWS_") else f"AWS_{name}"
             name = _ALIASES.get(name, name)
+        elif uri_scheme in AZURE_SCHEMES:
+            name = _AZURE_NAMES.get(key.lower(), key.lower())
         else:
             name = key
         out[name] = str(value)
@@ -87,6 +120,8 @@ def storage_options(uri: str) -> dict[str, str] | None:
         if "AWS_REGION" not in options and "AWS_DEFAULT_REGION" in options:
             options["AWS_REGION"] = options["AWS_DEFAULT_REGION"]
         options.pop("AWS_DEFAULT_REGION", None)
+    elif kind in AZURE_SCHEMES:
+        options = canonical({k: v for k in AZURE_ENV_KEYS if (v := os.environ.get(k))}, kind)
     root = registered_root(uri)
     if root is not None:
         with _lock:
@@ -109,6 +144,8 @@ def filesystem(uri: str, options: Mapping[str, str] | None = None
         return pafs.LocalFileSystem(), uri
     kind = scheme(uri)
     opts = dict(storage_options(uri) or {}) if options is None else dict(options)
+    if kind in AZURE_SCHEMES:
+        return _azure(uri, opts)
     if kind not in S3_SCHEMES:
         fs, inner = pafs.FileSystem.from_uri(uri)
         return fs, str(inner)
@@ -131,6 +168,31 @@ def filesystem(uri: str, options: Mapping[str, str] | None = None
     if truthy(opts.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST")):
         kwargs["force_virtual_addressing"] = True
     return pafs.S3FileSystem(**kwargs), path
+
+
+def _azure(uri: str, opts: Mapping[str, str]) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's AzureFileSystem for ``az://container/path`` or
+    ``abfss://container@account.dfs.core.windows.net/path``: path ``container/path``."""
+    parsed = urlparse(uri)
+    container, _, host = parsed.netloc.partition("@")
+    account = opts.get("azure_storage_account_name") or host.split(".", 1)[0]
+    if not account:
+        raise ConfigurationError(
+            f"{parsed.scheme}://{parsed.netloc}: no Azure storage account; set "
+            "AZURE_STORAGE_ACCOUNT_NAME (or the lakehouse resource's storage_options "
+            "{'azure_storage_account_name': ...}), or use abfss://<container>@<account>"
+            ".dfs.core.windows.net/<path>.")
+    kwargs: dict[str, str] = {}
+    if opts.get("azure_storage_account_key"):
+        kwargs["account_key"] = opts["azure_storage_account_key"]
+    elif opts.get("azure_storage_sas_token"):  # pyarrow takes one or the other
+        kwargs["sas_token"] = opts["azure_storage_sas_token"]
+    elif opts.get("azure_client_id"):  # a managed identity, or a service principal
+        kwargs["client_id"] = opts["azure_client_id"]
+        if opts.get("azure_client_secret") and opts.get("azure_tenant_id"):
+            kwargs["client_secret"] = opts["azure_client_secret"]
+            kwargs["tenant_id"] = opts["azure_tenant_id"]
+    return pafs.AzureFileSystem(account, **kwargs), f"{container}{parsed.path}".rstrip("/")
 
 
 def join(uri: str, *parts: str) -> str:

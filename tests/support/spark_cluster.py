@@ -5,7 +5,7 @@ this test run (``$SPARK_HOME/bin/spark-class``; pyspark's package directory is S
 stopped by PID. Also the driver side of the cluster test, run in a child process (one
 SparkContext per process, and the test session already has its local one):
 
-    python -m tests.support.spark_cluster MASTER UI_PORT DSN LAKEHOUSE...
+    python -m tests.support.spark_cluster MASTER UI_PORT DSN LAKEHOUSE [DSN LAKEHOUSE]...
 """
 
 from __future__ import annotations
@@ -105,50 +105,42 @@ def _wait(ready: Any, timeout: float, log: Path) -> None:
     raise RuntimeError(f"Spark cluster not ready after {timeout}s: {log.read_text()[-2000:]}")
 
 
-CHANGES = """
-INSERT INTO items SELECT g, 'new ' || g, g * 2 FROM generate_series(3001, 3300) g;
-UPDATE items SET label = label || '+', qty = qty + 1 WHERE id % 7 = 0;
-DELETE FROM items WHERE id % 11 = 0;
-"""
-
-
-def drive(master: str, ui_port: int, dsn: str, lakehouses: list[str]) -> dict[str, Any]:
-    """Snapshot, changes, a micro-batch and a Spark-prepared silver batch per lakehouse, on
-    the cluster; returns what Spark's REST API says about the application's executors."""
-    import dataclasses
-
+def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Issue 19's end-to-end scenario (:mod:`tests.support.e2e_scenario`) on the cluster, once
+    per ``(dsn, lakehouse)``, in one application; returns what Spark's REST API says about
+    its executors and jobs, and which Python and ``pgcdc_dagster`` the executors ran."""
     import psycopg2
 
-    from pgcdc_dagster.capture.runner import run_bronze, run_silver
-    from pgcdc_dagster.capture.settings import CaptureSettings
     from pgcdc_dagster.spark.session import build_session
+    from tests.support import e2e_scenario
 
     spark = build_session(master, "pgcdc-cluster-test",
                           {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port),
                            "spark.executor.memory": "512m", "spark.executor.cores": "1"})
-    runs = [CaptureSettings(dsn=dsn, lakehouse=lake, include=(r"public\.items",),
-                            slot=f"cluster{i}", publication=f"cluster{i}",
-                            snapshot_chunk_bytes=16 << 10, silver_spark_threshold_rows=0)
-            for i, lake in enumerate(lakehouses)]
-    chunks = []
-    for settings in runs:
-        run = run_bronze(settings, spark, force_snapshot_step=True)
-        assert run.snapshot is not None
-        chunks.append(sum(t.chunks for t in run.snapshot.tables))
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(CHANGES)
-    conn.close()
-    for settings in runs:
-        run_bronze(dataclasses.replace(settings), spark, force_snapshot_step=False)
-        run_silver(settings, spark)
+    chunks, seconds = [], []
+    for i, (dsn, lake) in enumerate(runs):
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        steps = e2e_scenario.EngineSteps(spark, dsn, lake, f"cluster{i}",
+                                         snapshot_chunk_bytes=16 << 10)
+        seconds.append(e2e_scenario.run(steps, conn, lake)["seconds"])
+        conn.close()
+        chunks.append(steps.chunks)
+
+    def interpreter(_: int) -> tuple[str, str]:
+        import sys as executor_sys
+
+        from pgcdc_dagster.spark import session
+
+        return executor_sys.executable, session.PROJECT_ROOT
+
+    pythons = sorted(set(spark.sparkContext.parallelize(range(4), 4).map(interpreter).collect()))
     app = spark.sparkContext.applicationId
     api = f"http://127.0.0.1:{ui_port}/api/v1/applications/{app}"
     executors = get_json(f"{api}/allexecutors")
     jobs = get_json(f"{api}/jobs")
     spark.stop()
-    return {"chunks": chunks, "executors": [
+    return {"chunks": chunks, "seconds": seconds, "pythons": pythons, "executors": [
         {"id": e["id"], "hostPort": e["hostPort"], "totalTasks": e["totalTasks"]}
         for e in executors],
         "jobs": [{"name": j.get("description") or j["name"], "status": j["status"],
@@ -156,5 +148,6 @@ def drive(master: str, ui_port: int, dsn: str, lakehouses: list[str]) -> dict[st
 
 
 if __name__ == "__main__":
-    master_url, port_text, source_dsn, *lakes = sys.argv[1:]
-    print("RESULT " + json.dumps(drive(master_url, int(port_text), source_dsn, lakes)))
+    master_url, port_text, *pairs = sys.argv[1:]
+    print("RESULT " + json.dumps(drive(master_url, int(port_text),
+                                       list(zip(pairs[::2], pairs[1::2], strict=True)))))
