@@ -19,7 +19,7 @@ from pgcdc_dagster.lake import commit_safety
 from pgcdc_dagster.lake.commit_safety import UNSAFE_OPT_IN, UnsafeCommitError
 from pgcdc_dagster.lake.delta import append_arrow, ensure_table, open_table
 from pgcdc_dagster.lake.paths import probe_prefix, slot_root
-from pgcdc_dagster.lake.storage import storage_options
+from pgcdc_dagster.lake.storage import register, storage_options
 from tests.support import s3_server
 from tests.support.s3_server import SECRET_KEY
 
@@ -134,6 +134,7 @@ def test_the_probe_writes_where_no_slot_state_lives(s3_lakehouse, monkeypatch) -
         return real_put(options, bucket, key, body, headers)
 
     monkeypatch.setattr(commit_safety, "signed_put", recording_put)
+    register(s3_lakehouse, {})  # the root, as the lakehouse resource registers it
     ensure_table(f"{s3_lakehouse}/bronze/public/t", SCHEMA)
     assert len(keys) == 2 and keys[0] == keys[1]
     assert keys[0].startswith(probe_prefix(s3_lakehouse) + "/")

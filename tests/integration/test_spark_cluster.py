@@ -5,14 +5,14 @@ child process with ``master=spark://…`` (the test session already holds a loca
 SparkContext). In that one application, issue 19's end-to-end scenario
 (:mod:`tests.support.e2e_scenario`: snapshot, micro-batches with every kind of change and a
 TRUNCATE, a run SIGKILLed after its bronze commit and its rerun, an incremental snapshot,
-silver equal to the source, tables read back by delta-rs, Polars and DuckDB) runs twice:
-into a local lakehouse and into an ``s3://`` one, with the snapshot chunk readers and every
-silver batch on the executors. The workers were started without the project on their path
-and without any AWS variable: the executors get the project's Python from the documented
-shared-path settings (``spark.pyspark.python``, ``spark.executorEnv.PYTHONPATH``, see
-``spark/session.cluster_conf``), which the executors' own report confirms, and the storage
-options inside the tasks. Spark's REST API then shows the tasks ran on the two workers'
-executors, not the driver.
+silver equal to the source, tables read back by delta-rs, Polars and DuckDB) runs twice at
+the same time: into a local lakehouse and into an ``s3://`` one, with the snapshot chunk
+readers and a Spark-prepared silver batch on the executors. The workers were started
+without the project on their path and without any AWS variable: the executors get the
+project's Python from the documented shared-path settings (``spark.pyspark.python``,
+``spark.executorEnv.PYTHONPATH``, see ``spark/session.cluster_conf``), which the executors'
+own report confirms, and the storage options inside the tasks. Spark's REST API then shows
+the tasks ran on the two workers' executors, not the driver.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ class Cluster:
             shutil.rmtree(self.workdir, ignore_errors=True)  # logs and executor work dirs
 
 
-def start(workers: int = 2, timeout: float = 90.0) -> Cluster:
+def start(workers: int = 2, timeout: float = 240.0) -> Cluster:
     import pyspark
 
     home = os.path.dirname(pyspark.__file__)
@@ -107,8 +108,8 @@ def _wait(ready: Any, timeout: float, log: Path) -> None:
 
 def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, Any]:
     """Issue 19's end-to-end scenario (:mod:`tests.support.e2e_scenario`) on the cluster, once
-    per ``(dsn, lakehouse)``, in one application; returns what Spark's REST API says about
-    its executors and jobs, and which Python and ``pgcdc_dagster`` the executors ran."""
+    per ``(dsn, lakehouse)``, concurrently, in one application; returns what Spark's REST API
+    says about its executors and jobs, and which Python and ``pgcdc_dagster`` they ran."""
     import psycopg2
 
     from pgcdc_dagster.spark.session import build_session
@@ -117,15 +118,24 @@ def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, A
     spark = build_session(master, "pgcdc-cluster-test",
                           {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port),
                            "spark.executor.memory": "512m", "spark.executor.cores": "1"})
-    chunks, seconds = [], []
-    for i, (dsn, lake) in enumerate(runs):
+
+    def scenario(i: int, dsn: str, lake: str) -> tuple[int, dict[str, float]]:
         conn = psycopg2.connect(dsn)
         conn.autocommit = True
-        steps = e2e_scenario.EngineSteps(spark, dsn, lake, f"cluster{i}",
-                                         snapshot_chunk_bytes=16 << 10)
-        seconds.append(e2e_scenario.run(steps, conn, lake)["seconds"])
-        conn.close()
-        chunks.append(steps.chunks)
+        try:
+            steps = e2e_scenario.EngineSteps(spark, dsn, lake, f"cluster{i}",
+                                             snapshot_chunk_bytes=16 << 10)
+            seconds = e2e_scenario.run(steps, conn, lake)["seconds"]
+            return steps.chunks, seconds
+        finally:
+            conn.close()
+
+    # The lakehouses' scenarios run at the same time, as two captures sharing a cluster do
+    # (their own databases, slots and lakehouses): the cluster's executors are shared.
+    with ThreadPoolExecutor(len(runs)) as pool:
+        outcomes = list(pool.map(lambda run: scenario(run[0], *run[1]), enumerate(runs)))
+    chunks = [c for c, _ in outcomes]
+    seconds = [s for _, s in outcomes]
 
     def interpreter(_: int) -> tuple[str, str]:
         import sys as executor_sys
