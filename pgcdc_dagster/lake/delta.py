@@ -140,6 +140,26 @@ def committed_version(table: DeltaTable | None, app_id: str) -> int | None:
     return table.transaction_version(app_id)
 
 
+_SAME_ROWS_OPERATIONS = frozenset({"VACUUM START", "VACUUM END"})
+
+
+def last_data_version(table: DeltaTable, since: int) -> int:
+    """The table's latest version that may change its rows, looking back to ``since``: upkeep
+    commits (a compaction, ``pgcdc.kind = compaction``, or a vacuum) carry the same rows, so
+    a reader caught up before them is caught up. A version whose log entry is gone counts
+    as a data change."""
+    current = table.version()
+    if current <= since:
+        return current
+    entries = {h.get("version"): h for h in table.history(current - since)}
+    for version in range(current, since, -1):
+        entry = entries.get(version)
+        if entry is None or not (entry.get("pgcdc.kind") == "compaction"
+                                 or entry.get("operation") in _SAME_ROWS_OPERATIONS):
+            return version
+    return since
+
+
 def commit_properties(app_id: str, version: int,
                       metadata: Mapping[str, str] | None = None) -> CommitProperties:
     """CommitProperties carrying the app transaction and string metadata."""

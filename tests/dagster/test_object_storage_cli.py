@@ -113,9 +113,7 @@ def test_dagster_jobs_on_object_storage(pg_dsn, pg_conn, s3_server, s3_lakehouse
     assert {p[len(base) + 1:].split("/")[0] for p in stored} == {"bronze", "silver", "_pgcdc"}
     assert any(f"_pgcdc/{SLOT}/incremental/" in p for p in stored)
 
-    # The asset checks read silver and bronze from the bucket (and the source) too. (Before
-    # silver_maintenance: its bronze compaction is a bronze version silver has not applied, and
-    # matches_source then reports "materialize silver first" until the next micro-batch.)
+    # The asset checks read silver and bronze from the bucket (and the source) too.
     steps.succeed("capture_checks")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         records = instance.get_event_records(

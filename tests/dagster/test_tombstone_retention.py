@@ -97,6 +97,15 @@ def test_maintenance_purges_only_expired_tombstones(pg_dsn, pg_conn, spark,
     assert committed_version(DeltaTable(uri), app_id) == applied
     assert_silver_equals_source(pg_conn, uri, "public", "items", ["id"])
 
+    # The checks right after upkeep compare: bronze's compaction commit (same rows) is not a
+    # change silver must apply first (it said "materialize silver first" until a micro-batch).
+    assert DeltaTable(bronze_uri).version() > applied  # the compaction, after what silver applied
+    checks = purge.resolve_job_def("capture_checks").execute_in_process()
+    matches = [e.event_specific_data for e in checks.all_events
+               if e.event_type_value == "ASSET_CHECK_EVALUATION"
+               and e.event_specific_data.check_name == "matches_source"]  # type: ignore[union-attr]
+    assert [(m.passed, m.description) for m in matches] == [(True, matches[0].description)]
+
     # Capture continues over the purged, compacted tables: a deleted key can come back,
     # others change, and no compacted bronze event is applied again (key 1..30 would return).
     with pg_conn.cursor() as cur:
