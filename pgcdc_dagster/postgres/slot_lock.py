@@ -4,11 +4,13 @@ Every code path that reads, advances, creates or drops the capture's slot (micro
 windows, the initial snapshot, incremental snapshots, teardown, the silver-against-source
 check's peek) first takes the slot's lock with ``pg_try_advisory_lock(class, key)`` on a
 connection of its own, and keeps that connection idle and open while it works. A second
-reader does not wait: it gets :class:`~pgcdc_dagster.exceptions.SlotInUseError` naming the
-holder (pid, ``application_name`` with the Dagster run id, client address, since when) and
-writes nothing. The lock dies with its session, so a killed process frees it as soon as the
-server sees the connection close (TCP keepalives on the session bound that for a host that
-vanished): whether anyone holds it is how the schedule and the sensors tell a live run from
+reader keeps trying for a few seconds (:data:`LOCK_GRACE_S`: a run killed a moment ago still
+holds the lock until its backend notices), then gets
+:class:`~pgcdc_dagster.exceptions.SlotInUseError` naming the holder (pid,
+``application_name`` with the Dagster run id, client address, since when) and writes nothing.
+The lock dies with its session, so a killed process frees it as soon as the server sees the
+connection close (TCP keepalives on the session bound that for a host that vanished): whether
+anyone holds it is how the schedule and the sensors tell a live run from
 a dead one (``assets/run_liveness.py``).
 
 The key: advisory locks are scoped to the current database, and a logical slot belongs to one
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +46,11 @@ LOCK_CLASS = 0x70676364
 
 APPLICATION_PREFIX = "pgcdc_dagster run "
 """``application_name`` of a lock session of a Dagster run, followed by the run id."""
+
+LOCK_GRACE_S = 3.0
+"""How long a refused reader keeps trying before it gives up. A process killed a moment ago
+still holds the lock until its server backend notices the closed socket and exits (usually
+milliseconds, longer on a loaded host): an immediate rerun waits that out instead of failing."""
 
 _SESSION_SETTINGS = (
     # The session must live as long as the run: never closed by an idle timeout, and a
@@ -211,9 +219,7 @@ def acquire(dsn: str, slot: str, run_id: str | None = None) -> SlotLease:
                     cur.execute("SELECT set_config(%s, %s, false)", (setting, value))
                 except psycopg2.Error:  # older server without the setting: keep its default
                     pass
-            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(slot)))
-            taken = bool(cur.fetchone()[0])
-            holder = None if taken else lock_holder(conn, slot)
+            taken, holder = _try_lock(cur, conn, slot)
     except BaseException:
         conn.close()
         raise
@@ -224,6 +230,24 @@ def acquire(dsn: str, slot: str, run_id: str | None = None) -> SlotLease:
     with _REGISTRY_LOCK:
         _REGISTRY[(lease._thread, dsn, slot)] = lease
     return lease
+
+
+def _try_lock(cur: psycopg2.extensions.cursor, conn: psycopg2.extensions.connection,
+              slot: str) -> tuple[bool, LockHolder | None]:
+    """Take the lock, trying again for :data:`LOCK_GRACE_S` while another session holds it.
+
+    Returns whether it was taken and, when not, the session that still holds it.
+    """
+    deadline = time.monotonic() + LOCK_GRACE_S
+    while True:
+        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(slot)))
+        if bool(cur.fetchone()[0]):
+            return True, None
+        holder = lock_holder(conn, slot)
+        if time.monotonic() >= deadline:
+            return False, holder
+        # None: the holder's session ended between the two queries; try again at once.
+        time.sleep(0.02 if holder is None else 0.2)
 
 
 @contextmanager
