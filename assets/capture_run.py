@@ -41,9 +41,10 @@ from assets.capture import (
     previous_of,
     skipped_metadata,
 )
-from assets.checks import CAPTURE_RUN, light_check_results
+from assets.checks import evaluation, light_check_results
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
+from assets.run_ranges import CAPTURE_RUN
 from assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
@@ -103,13 +104,6 @@ def _run_range(run: BronzeRun) -> dict[str, Any]:
                      "windows": len(run.stream.windows),
                      "slot_lag_bytes": run.stream.slot_lag_bytes})
     return meta
-
-
-def _evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:
-    assert result.asset_key is not None and result.check_name is not None
-    return dg.AssetCheckEvaluation(
-        asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
-        metadata=result.metadata, severity=result.severity, description=result.description)
 
 
 def build_capture_op(tables: Sequence[tuple[str, str]],
@@ -206,7 +200,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                 **skipped_metadata(run.skipped)}))
             for result in light_check_results(instance, changed, health, settings):
                 # log_event records check evaluations too (its annotation lists the others only)
-                context.log_event(_evaluation(result))  # type: ignore[arg-type]
+                context.log_event(evaluation(result))  # type: ignore[arg-type]
 
     return capture_op
 

@@ -23,28 +23,30 @@ from typing import Any
 
 import dagster as dg
 import psycopg2
+import pyarrow as pa
 from deltalake.exceptions import DeltaError
 
 from assets.capture import CAPTURE_POOL
 from assets.keys import SLOT_KEY, bronze_key, multi_check, silver_key, table_of_key
+from assets.run_ranges import table_runs
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_capture
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import PgCdcError
-from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.names import display_name
 from pgcdc_dagster.ops.consistency import ConsistencyReport, compare_tables
 from pgcdc_dagster.ops.lsn_windows import (
+    BronzeCommit,
     RunRange,
     WindowReport,
-    bronze_commits,
     check_commits,
     check_runs,
 )
 from pgcdc_dagster.ops.schema_drift import compare_schemas, silver_schema_of
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import HEALTHY_WAL_STATUS, SlotHealth, slot_health
+from pgcdc_dagster.ops.table_facts import TableFacts, read_all_facts, read_facts
 from pgcdc_dagster.postgres.connection import redact
 from pgcdc_dagster.postgres.discovery import SkippedTable
 from pgcdc_dagster.postgres.privileges import explain_error
@@ -55,7 +57,7 @@ SCHEMA_MATCHES = "schema_matches_source"
 LSN_WINDOWS = "lsn_windows_contiguous"
 SLOT_HEALTHY = "slot_healthy"
 
-_EXPECTED_ERRORS = (PgCdcError, psycopg2.Error, DeltaError, OSError)
+EXPECTED_ERRORS = (PgCdcError, psycopg2.Error, DeltaError, OSError)
 
 ERROR = dg.AssetCheckSeverity.ERROR
 WARN = dg.AssetCheckSeverity.WARN
@@ -82,7 +84,7 @@ def _table(key: dg.AssetCheckKey) -> tuple[str, str]:
     return table_of_key(key.asset_key)
 
 
-def _not_evaluated(key: dg.AssetCheckKey, why: str) -> dg.AssetCheckResult:
+def not_evaluated(key: dg.AssetCheckKey, why: str) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(asset_key=key.asset_key, check_name=key.name, passed=False,
                                severity=WARN, description=f"check could not run: {why}",
                                metadata={"evaluated": False})
@@ -121,22 +123,31 @@ def _per_table(context: dg.AssetCheckExecutionContext, postgres: PostgresResourc
         if prepare is not None:
             wanted = {_table(k) for k in keys}
             prepare([c for t, c in contexts.items() if t in wanted])
-    except _EXPECTED_ERRORS as exc:
+    except EXPECTED_ERRORS as exc:
         for key in keys:
-            yield _not_evaluated(key, explain_error(exc, redact))
+            yield not_evaluated(key, explain_error(exc, redact))
         return
     for key in keys:
         ctx = contexts.get(_table(key))
         if ctx is None:
             why = left_out.get(_table(key))  # e.g. SELECT revoked: the reason and the GRANT
-            yield _not_evaluated(key, why.describe() if why is not None else
+            yield not_evaluated(key, why.describe() if why is not None else
                                  f"{display_name(*_table(key))} is no longer captured "
                                  "(dropped, or not matched by the include list)")
             continue
         try:
             yield evaluate(key, ctx)
-        except _EXPECTED_ERRORS as exc:
-            yield _not_evaluated(key, explain_error(exc, redact))
+        except EXPECTED_ERRORS as exc:
+            yield not_evaluated(key, explain_error(exc, redact))
+
+
+def evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:
+    """The evaluation event of a check result, for an op that is not the check's own (the
+    lean jobs report the checks of the asset graph)."""
+    assert result.asset_key is not None and result.check_name is not None
+    return dg.AssetCheckEvaluation(
+        asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
+        metadata=result.metadata, severity=result.severity, description=result.description)
 
 
 def _consistency_result(key: dg.AssetCheckKey, report: ConsistencyReport) -> dg.AssetCheckResult:
@@ -171,54 +182,12 @@ def _consistency_result(key: dg.AssetCheckKey, report: ConsistencyReport) -> dg.
         metadata=meta)
 
 
-CAPTURE_RUN = "capture_run"
-"""Metadata flag of the slot observation each lean capture run records (its LSN range)."""
-
-
-SlotRuns = tuple[dict[str, tuple[int, Any]], int]
-"""The capture runs' ranges recorded on the slot (run id -> (storage id, metadata)) and the
-lowest storage id they cover (0 when every observation was read)."""
-
-
-def slot_runs(instance: dg.DagsterInstance, limit: int) -> SlotRuns:
-    """The ranges the lean capture runs recorded on the slot (one observation per run)."""
-    records = instance.fetch_observations(SLOT_KEY, limit=limit).records
-    by_run: dict[str, tuple[int, Any]] = {}
-    for obs in records:
-        event = obs.asset_observation
-        if event is not None and CAPTURE_RUN in event.metadata:
-            by_run[obs.run_id] = (obs.storage_id, event.metadata)
-    floor = min(r.storage_id for r in records) if len(records) >= limit else 0
-    return by_run, floor
-
-
-def _runs(instance: dg.DagsterInstance, key: dg.AssetKey, limit: int,
-          observed: SlotRuns | None = None) -> list[RunRange]:
-    """The capture runs' ranges, oldest first: the ranges the lean capture runs record on the
-    slot (one observation per run, whatever it changed) merged with the table's own bronze
-    materializations (asset-job and incremental runs), one range per run. ``observed``: the
-    slot's ranges read once for many tables (:func:`slot_runs`)."""
-    on_slot, floor = observed if observed is not None else slot_runs(instance, limit)
-    by_run = dict(on_slot)
-    for rec in instance.fetch_materializations(key, limit=limit).records:
-        mat = rec.asset_materialization
-        if mat is not None and rec.storage_id >= floor:  # older: the slot's runs are cut
-            by_run.setdefault(rec.run_id, (rec.storage_id, mat.metadata))
-    recent = sorted(by_run.items(), key=lambda item: item[1][0])[-limit:]
-    runs = []
-    for run_id, (_, metadata) in recent:
-        meta = {k: v.value for k, v in metadata.items()}
-
-        def lsn(name: str, meta: dict[str, Any] = meta) -> Lsn | None:
-            value = meta.get(name)
-            try:
-                return Lsn.parse(str(value)) if value not in (None, "", "None") else None
-            except ValueError:
-                return None
-
-        runs.append(RunRange(run_id[:8], lsn("snapshot_lsn"), lsn("lsn_start"),
-                             lsn("lsn_end")))
-    return runs
+def comparison_summary(reports: Sequence[ConsistencyReport]) -> str:
+    """One log line for a comparison of many tables: how many match, and each difference."""
+    differ = [r.describe() for r in reports if r.compared and not r.ok]
+    return (f"{sum(r.ok for r in reports)} of {len(reports)} tables match the source, "
+            f"{sum(not r.compared for r in reports)} not compared"
+            + "".join(f"\n{d}" for d in differ))
 
 
 def _windows_result(key: dg.AssetCheckKey, report: WindowReport,
@@ -240,23 +209,23 @@ def _windows_result(key: dg.AssetCheckKey, report: WindowReport,
                                severity=ERROR, description=description, metadata=meta)
 
 
-def lsn_windows_result(instance: dg.DagsterInstance, key: dg.AssetCheckKey, ctx: TableContext,
-                       confirmed: Lsn | None, settings: MonitorSettings,
-                       observed: SlotRuns | None = None) -> dg.AssetCheckResult:
-    """``lsn_windows_contiguous`` of one table (``confirmed``: the slot's position;
-    ``observed``: :func:`slot_runs`, read once for many tables)."""
+def windows_result(key: dg.AssetCheckKey, ctx: TableContext, commits: Sequence[BronzeCommit],
+                   bronze_applied: int | None, runs: Sequence[RunRange],
+                   confirmed: Lsn | None) -> dg.AssetCheckResult:
+    """``lsn_windows_contiguous`` of one table from its bronze capture commits and app
+    transaction, the runs' ranges (:func:`~assets.run_ranges.table_runs`) and the slot's
+    position (``confirmed``)."""
     report = WindowReport(ctx.name)
-    commits, _ = bronze_commits(ctx.bronze_uri, settings.history_limit)
-    app = committed_version(open_table(ctx.bronze_uri), ctx.bronze_app_id)
-    check_commits(report, commits, app)
-    check_runs(report, _runs(instance, key.asset_key, settings.history_limit, observed),
-               confirmed)
+    check_commits(report, commits, bronze_applied)
+    check_runs(report, runs, confirmed)
     return _windows_result(key, report, confirmed)
 
 
-def schema_result(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
-    """``schema_matches_source`` of one table."""
-    report = compare_schemas(ctx.name, ctx.silver_schema, silver_schema_of(ctx.silver_uri))
+def schema_result(key: dg.AssetCheckKey, ctx: TableContext,
+                  silver_schema: pa.Schema | None) -> dg.AssetCheckResult:
+    """``schema_matches_source`` of one table (``silver_schema``: None when silver does not
+    exist)."""
+    report = compare_schemas(ctx.name, ctx.silver_schema, silver_schema)
     meta: dict[str, Any] = {
         "added": ", ".join(report.added), "removed": ", ".join(report.removed),
         "changed": ", ".join(f"{c}: {a} -> {b}" for c, a, b in report.changed)}
@@ -266,25 +235,59 @@ def schema_result(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResu
         metadata=meta)
 
 
+def table_check_results(ctx: TableContext, facts: TableFacts | Exception,
+                        runs: Sequence[RunRange], confirmed: Lsn | Exception | None,
+                        consistency: ConsistencyReport | Exception | None = None
+                        ) -> Iterator[dg.AssetCheckResult]:
+    """The checks of one table from what was read for many at once: its Delta facts (or why
+    they could not be read), its runs' ranges, the slot's position (or why it could not be
+    read) and, in a sweep, its comparison with the source. A check that cannot evaluate
+    reports why."""
+    s, t = ctx.relation.qualified
+    windows = dg.AssetCheckKey(bronze_key(s, t), LSN_WINDOWS)
+    schema = dg.AssetCheckKey(silver_key(s, t), SCHEMA_MATCHES)
+    matches = dg.AssetCheckKey(silver_key(s, t), MATCHES_SOURCE)
+    keys = [windows, schema] + ([matches] if consistency is not None else [])
+    if isinstance(facts, Exception):
+        for key in keys:
+            yield not_evaluated(key, explain_error(facts, redact))
+        return
+    if isinstance(confirmed, Exception):
+        yield not_evaluated(windows, explain_error(confirmed, redact))
+    else:
+        yield _evaluated(windows, partial(windows_result, windows, ctx, facts.commits,
+                                          facts.bronze_applied, runs, confirmed))
+    yield _evaluated(schema, partial(schema_result, schema, ctx, facts.silver_schema))
+    if isinstance(consistency, Exception):
+        yield not_evaluated(matches, explain_error(consistency, redact))
+    elif consistency is not None:
+        yield _consistency_result(matches, consistency)
+
+
+def _evaluated(key: dg.AssetCheckKey,
+               evaluate: Callable[[], dg.AssetCheckResult]) -> dg.AssetCheckResult:
+    try:
+        return evaluate()
+    except EXPECTED_ERRORS as exc:
+        return not_evaluated(key, explain_error(exc, redact))
+
+
 def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableContext],
                         health: SlotHealth, settings: MonitorSettings
                         ) -> Iterator[dg.AssetCheckResult]:
     """The light checks of the given tables (a capture run passes the tables it changed)
-    and of the slot; a check that cannot evaluate reports why, as in the check ops."""
+    and of the slot; a check that cannot evaluate reports why, as in the check ops. The
+    tables' Delta logs are read once each, the runs' ranges in a few instance queries for
+    all of them."""
     yield slot_result(health, settings)
-    observed = slot_runs(instance, settings.history_limit) if contexts else None
-    for ctx in contexts:
-        s, t = ctx.relation.qualified
-        windows = dg.AssetCheckKey(bronze_key(s, t), LSN_WINDOWS)
-        schema = dg.AssetCheckKey(silver_key(s, t), SCHEMA_MATCHES)
-        for key, evaluate in (
-                (windows, partial(lsn_windows_result, instance, windows, ctx,
-                                  health.confirmed_flush_lsn, settings, observed)),
-                (schema, partial(schema_result, schema, ctx))):
-            try:
-                yield evaluate()
-            except _EXPECTED_ERRORS as exc:
-                yield _not_evaluated(key, explain_error(exc, redact))
+    if not contexts:
+        return
+    facts = read_all_facts(contexts, settings.history_limit, EXPECTED_ERRORS)
+    runs = table_runs(instance, [bronze_key(*c.relation.qualified) for c in contexts],
+                      settings.history_limit)
+    for ctx, found in zip(contexts, facts, strict=True):
+        yield from table_check_results(ctx, found, runs[bronze_key(*ctx.relation.qualified)],
+                                       health.confirmed_flush_lsn)
 
 
 def slot_result(health: SlotHealth, settings: MonitorSettings) -> dg.AssetCheckResult:
@@ -334,8 +337,8 @@ def build_asset_checks(tables: Sequence[tuple[str, str]],
         key = dg.AssetCheckKey(SLOT_KEY, SLOT_HEALTHY)
         try:
             return slot_result(slot_health(postgres.dsn, capture.slot), settings)
-        except _EXPECTED_ERRORS as exc:
-            return _not_evaluated(key, explain_error(exc, redact))
+        except EXPECTED_ERRORS as exc:
+            return not_evaluated(key, explain_error(exc, redact))
 
     checks.append(slot_healthy)
     return checks
@@ -360,10 +363,7 @@ def _table_checks(tables: Sequence[tuple[str, str]],
             found = compare_tables(postgres.dsn, contexts, capture.slot, capture.publication,
                                    max_pending_bytes=settings.max_pending_bytes)
             reports.update({c.name: r for c, r in zip(contexts, found, strict=True)})
-            differ = [r.describe() for r in found if r.compared and not r.ok]
-            context.log.info(f"{sum(r.ok for r in found)} of {len(found)} tables match the "
-                             f"source, {sum(not r.compared for r in found)} not compared"
-                             + "".join(f"\n{d}" for d in differ))
+            context.log.info(comparison_summary(found))
 
         def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
             return _consistency_result(key, reports[ctx.name])
@@ -380,7 +380,10 @@ def _table_checks(tables: Sequence[tuple[str, str]],
     def silver_schema_matches_source(context: dg.AssetCheckExecutionContext,
                                      postgres: PostgresResource, lakehouse: LakehouseResource,
                                      capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
-        yield from _per_table(context, postgres, lakehouse, capture, schema_result)
+        def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
+            return schema_result(key, ctx, silver_schema_of(ctx.silver_uri))
+
+        yield from _per_table(context, postgres, lakehouse, capture, evaluate)
 
     @multi_check(
         name="bronze_lsn_windows", pool=CAPTURE_POOL,
@@ -394,15 +397,20 @@ def _table_checks(tables: Sequence[tuple[str, str]],
                            lakehouse: LakehouseResource,
                            capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
         confirmed: list[Lsn | None] = []
-        observed: list[SlotRuns] = []  # read once for every table of the sweep
+        runs: dict[dg.AssetKey, list[RunRange]] = {}
+
+        def prepare(contexts: Sequence[TableContext]) -> None:
+            # the slot's position and the runs' ranges, read once for every selected table
+            confirmed.append(slot_health(postgres.dsn, capture.slot).confirmed_flush_lsn)
+            runs.update(table_runs(context.instance,
+                                   [bronze_key(*c.relation.qualified) for c in contexts],
+                                   settings.history_limit))
 
         def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
-            if not confirmed:
-                confirmed.append(slot_health(postgres.dsn, capture.slot).confirmed_flush_lsn)
-                observed.append(slot_runs(context.instance, settings.history_limit))
-            return lsn_windows_result(context.instance, key, ctx, confirmed[0], settings,
-                                      observed[0])
+            facts = read_facts(ctx, settings.history_limit)
+            return windows_result(key, ctx, facts.commits, facts.bronze_applied,
+                                  runs[key.asset_key], confirmed[0])
 
-        yield from _per_table(context, postgres, lakehouse, capture, evaluate)
+        yield from _per_table(context, postgres, lakehouse, capture, evaluate, prepare)
 
     return [silver_matches_source, silver_schema_matches_source, bronze_lsn_windows]

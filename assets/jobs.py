@@ -5,8 +5,8 @@ bronze then silver and report materializations and the light checks (LSN windows
 drift, slot health) of the tables they changed only, so a run's cost follows its changes, not
 the captured table count. ``capture_assets`` is the asset job over every bronze and silver
 asset and its light checks (what the UI's Materialize does): explicit materializations of a
-selection. ``capture_checks`` runs every check, including the full silver-against-source
-comparison.
+selection. ``capture_checks`` is a lean op job too (``check_sweep.py``): every check of every
+table, including the full silver-against-source comparison, in one op.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 )
 
 from assets.capture_run import build_capture_job, build_capture_op
+from assets.check_sweep import build_checks_job
 from assets.checks import light_check_keys
 from pgcdc_dagster.ops.settings import MonitorSettings
 
@@ -44,7 +45,7 @@ class CaptureJobs:
 
     initial_snapshot: dg.JobDefinition
     microbatch: dg.JobDefinition
-    checks: UnresolvedAssetJobDefinition
+    checks: dg.JobDefinition
     assets: UnresolvedAssetJobDefinition
 
     def all(self) -> list[dg.JobDefinition | UnresolvedAssetJobDefinition]:
@@ -75,13 +76,12 @@ def build_jobs(tables: Sequence[tuple[str, str]],
         executor_def=dg.in_process_executor,
         tags={"pgcdc/job": CAPTURE_ASSETS},
     )
-    checks = dg.define_asset_job(
-        CAPTURE_CHECKS, selection=dg.AssetSelection.all_asset_checks(),
-        description="Every asset check: silver against the source (full scan of both), "
-        "bronze LSN windows, schema drift, slot health.",
-        executor_def=dg.in_process_executor,
-        tags={"pgcdc/job": CAPTURE_CHECKS},
-    )
+    checks = build_checks_job(
+        CAPTURE_CHECKS, tables, settings,
+        description="Every check of every captured table: silver against the source (full "
+        "scan of both), bronze LSN windows, schema drift, and slot health; reported as "
+        "evaluations of the asset checks (one op, no per-check planning).",
+        tags={"pgcdc/job": CAPTURE_CHECKS})
     return CaptureJobs(initial_snapshot, microbatch, checks, assets)
 
 

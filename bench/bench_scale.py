@@ -19,7 +19,7 @@ with their ratio: on a loaded machine a run waits for the CPU, so wall time grow
 load while CPU seconds much less.
 
     .venv/bin/python bench/bench_scale.py [--small 3] [--large 1000] [--rows 1000]
-        [--snapshot-only]
+        [--snapshot-only | --checks-only]
 """
 
 from __future__ import annotations
@@ -108,6 +108,9 @@ def main() -> None:
                         help="measure initial_snapshot only")
     parser.add_argument("--no-checks", action="store_true",
                         help="skip the capture_checks sweep")
+    parser.add_argument("--checks-only", action="store_true",
+                        help="initial_snapshot, then the capture_checks sweep only (no "
+                        "micro-batches)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="pgcdc_bench_scale_"))
     cluster = LocalCluster(root / "pg").start()
@@ -120,7 +123,9 @@ def main() -> None:
         figures: dict[str, dict[str, tuple[float, float]]] = {}
         for name, capture in captures.items():
             figures[name] = {"initial_snapshot": capture.run("initial_snapshot")}
-            if not args.snapshot_only:
+            if args.checks_only:
+                figures[name]["capture_checks (full sweep)"] = capture.run("capture_checks")
+            elif not args.snapshot_only:
                 figures[name]["idle cdc_microbatch"] = capture.run("cdc_microbatch")
                 update(cluster.dsn, name, 3, args.updates)
                 figures[name][f"cdc_microbatch, {args.updates} updates to 3 tables"] = \

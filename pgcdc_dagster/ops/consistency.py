@@ -35,7 +35,8 @@ from pgcdc_dagster.cdc.changes import TableChanges
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import PgCdcError, SlotInUseError
-from pgcdc_dagster.lake.delta import committed_version, last_data_version, load_table, open_table
+from pgcdc_dagster.lake.delta import load_table, open_table
+from pgcdc_dagster.ops.table_facts import TableFacts, read_facts
 from pgcdc_dagster.postgres.connection import connect, connection, redact
 from pgcdc_dagster.postgres.peek import peek_window
 from pgcdc_dagster.postgres.privileges import explain_error
@@ -253,7 +254,8 @@ COMPARE_ERRORS = (PgCdcError, psycopg2.Error, DeltaError, OSError)
 
 def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, publication: str, *,
                    max_pending_bytes: int = 256 << 20, keep_limit: int = 200_000,
-                   flush_timeout_s: float = 30.0) -> list[ConsistencyReport]:
+                   flush_timeout_s: float = 30.0,
+                   facts: Sequence[TableFacts] | None = None) -> list[ConsistencyReport]:
     """Compare many tables' silver with the source, in the contexts' order.
 
     What every table shares is done once for all of them (issue 16: a sweep of 1,000 tables
@@ -261,12 +263,16 @@ def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, public
     of the source at one WAL position, one flush, one peek of the pending changes. Then each
     table's source rows are read in that snapshot and its silver at the version pinned
     before; a table that fails is reported not compared (with why), the others go on.
+    ``facts``: the tables' Delta versions and silver schemas read beforehand
+    (:func:`~pgcdc_dagster.ops.table_facts.read_all_facts`, shared with the other checks of
+    a sweep); read here otherwise.
     """
     reports = [ConsistencyReport(ctx.name) for ctx in contexts]
     pending: list[tuple[TableContext, ConsistencyReport, _Comparison]] = []
-    for ctx, report in zip(contexts, reports, strict=True):
+    for i, (ctx, report) in enumerate(zip(contexts, reports, strict=True)):
         try:
-            cmp = _prepare(ctx, report, keep_limit)
+            cmp = _prepare(ctx, report, keep_limit,
+                           facts[i] if facts is not None else read_facts(ctx))
         except COMPARE_ERRORS as exc:
             report.reason = f"could not compare: {explain_error(exc, redact)}"
             continue
@@ -348,23 +354,22 @@ def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, public
     return reports
 
 
-def _prepare(ctx: TableContext, report: ConsistencyReport,
-             keep_limit: int) -> _Comparison | None:
+def _prepare(ctx: TableContext, report: ConsistencyReport, keep_limit: int,
+             facts: TableFacts) -> _Comparison | None:
     """The columns both sides have, from silver's schema; None (with the reason) when the
     table cannot be compared now."""
-    bronze, silver = open_table(ctx.bronze_uri), open_table(ctx.silver_uri)
-    if bronze is None or silver is None:
+    if facts.bronze_version is None or facts.silver_schema is None:
         report.reason = "bronze or silver does not exist yet: run the initial_snapshot job"
         return None
-    applied = committed_version(silver, ctx.silver_app_id)
-    report.bronze_version = bronze.version()
+    applied = facts.silver_applied
+    report.bronze_version = facts.bronze_version
     # Upkeep's bronze compactions and vacuums after what silver applied change no rows.
-    if applied is None or applied < last_data_version(bronze, applied or 0):
+    if applied is None or facts.bronze_last_data is None or applied < facts.bronze_last_data:
         report.reason = (f"silver applied bronze up to version {applied}, bronze is at "
                          f"{report.bronze_version}: materialize silver first")
         return None
-    report.silver_version = silver.version()
-    silver_schema = pa.schema(silver.schema().to_arrow())
+    report.silver_version = facts.silver_version
+    silver_schema = facts.silver_schema
     by_name = {c.name: conv for c, conv in zip(ctx.relation.columns, ctx.converters,
                                                 strict=True)}
     fields, convs = [], []

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from deltalake import DeltaTable
+
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.lake.delta import open_table
 
@@ -82,6 +84,12 @@ def bronze_commits(uri: str, limit: int = 200) -> tuple[list[BronzeCommit], int 
     table = open_table(uri)
     if table is None:
         return [], None
+    return capture_commits(table, limit), table.version()
+
+
+def capture_commits(table: DeltaTable, limit: int = 200) -> list[BronzeCommit]:
+    """The capture commits among the last ``limit`` of an opened bronze table, oldest
+    first."""
     commits = []
     for entry in table.history(limit):
         kind = entry.get("pgcdc.kind")
@@ -96,7 +104,7 @@ def bronze_commits(uri: str, limit: int = 200) -> tuple[list[BronzeCommit], int 
         commits.append(BronzeCommit(int(entry["version"]), str(kind), end,
                                     _lsn(entry.get("pgcdc.window_start"))))
     commits.sort(key=lambda c: c.version)
-    return commits, table.version()
+    return commits
 
 
 def check_commits(report: WindowReport, commits: Sequence[BronzeCommit],

@@ -31,6 +31,8 @@ SLOT_OPS = {
                "creates it in initial_snapshot",
     "bronze": "capture_assets: peeks slot windows, advances the slot",
     "incremental__snapshot": "reads slot windows between DBLog watermarks, advances the slot",
+    "check_sweep": "capture_checks: peeks the slot for changes pending since silver's LSN, "
+                   "compares the slot's position with the runs' LSN ranges",
     "silver_matches_source": "peeks the slot for changes pending since silver's LSN",
     "bronze_lsn_windows": "compares the slot's confirmed position with the runs' LSN ranges; "
                           "a capture running meanwhile would move it under the check",
