@@ -27,6 +27,9 @@ Bounded time (not in CI): the defaults take a few minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import ctypes
+import json
 import os
 import random
 import shutil
@@ -114,6 +117,26 @@ def duckdb_read_s(uri: str) -> float:
     return time.perf_counter() - started
 
 
+def log_kb(uri: str) -> float:
+    """KB of log a reader opening the table reads: the latest checkpoint and the JSON
+    commits after it (a growing figure means every open replays more)."""
+    log = Path(uri) / "_delta_log"
+    try:
+        last = int(json.loads((log / "_last_checkpoint").read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        last = -1
+    total = 0
+    for f in log.iterdir():
+        stem = f.name.split(".")[0]
+        if not stem.isdigit():
+            continue
+        version = int(stem)
+        if (version == last and ".checkpoint" in f.name) or \
+                (version > last and f.name.endswith(".json")):
+            total += f.stat().st_size
+    return total / 1024
+
+
 def write_mix(cur: psycopg2.extensions.cursor, rng: random.Random, top: dict[str, int],
               large: str, large_scale: int) -> None:
     """One run's writes: random updates, updates of the newest keys, inserts, deletes."""
@@ -159,6 +182,11 @@ def main() -> None:
                         help="the large table's writes per run, times the small tables' "
                              "(10 random updates, 5 newest, 5 inserts, 2 deletes)")
     parser.add_argument("--csv", help="also write the per-run figures to this CSV file")
+    parser.add_argument("--malloc-trim", action="store_true",
+                        help="after each run, return freed memory to the OS (glibc "
+                             "malloc_trim, Arrow's pool) before RSS is measured")
+    parser.add_argument("--profile", help="write cProfile stats of the first and last 10 %% "
+                                          "of runs' micro-batches to PROFILE-first/-last")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-soak-"))
@@ -194,17 +222,29 @@ def main() -> None:
         after_upkeep: list[float] = []
         silver_files: list[int] = []
         print("run  seconds  cpu_s  bronze_MB  silver_MB  max_files(b/s)  rss_MB  arrow_MB  "
-              "slot_lag_B  duckdb_s  load1  upkeep")
+              "slot_lag_B  duckdb_s  log_KB(b/s)  load1  upkeep")
         log = open(args.csv, "w", encoding="utf-8") if args.csv else None
         if log:
             log.write("run,seconds,cpu_s,bronze_bytes,silver_bytes,bronze_files,silver_files,"
-                      "rss_mb,arrow_mb,slot_lag_bytes,duckdb_s,load1,upkeep_s,upkeep_bytes\n")
+                      "rss_mb,arrow_mb,slot_lag_bytes,duckdb_s,bronze_log_kb,silver_log_kb,load1,"
+                      "upkeep_s,upkeep_bytes\n")
+        profiler = cProfile.Profile()
         for run in range(1, args.runs + 1):
             write_mix(cur, rng, top, "t0", args.large_scale)
             before = {layer: layer_stats(lake, layer) for layer in ("bronze", "silver")}
+            tenth = max(1, args.runs // 10)
+            profiled = args.profile and (run <= tenth or run > args.runs - tenth)
+            if profiled:
+                profiler.enable()
             started, cpu_started = time.perf_counter(), cpu_s(cluster)
             run_bronze(settings, spark, force_snapshot_step=False)
             run_silver(settings, spark)
+            if profiled:
+                profiler.disable()
+                if run in (tenth, args.runs):
+                    name = "first" if run == tenth else "last"
+                    profiler.dump_stats(f"{args.profile}-{name}")
+                    profiler = cProfile.Profile()
             seconds.append(time.perf_counter() - started)
             cpu.append(cpu_s(cluster) - cpu_started)
             after = {layer: layer_stats(lake, layer) for layer in ("bronze", "silver")}
@@ -226,17 +266,24 @@ def main() -> None:
                 after_upkeep.append(duckdb_read_s(large))
             reads.append(duckdb_read_s(large))
             silver_files.append(files["silver"])
+            if args.malloc_trim:
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+                pa.default_memory_pool().release_unused()
             load1, lag, rss = os.getloadavg()[0], slot_lag(cur, "soak"), rss_mb()
             loads.append(load1)
             arrow = pa.total_allocated_bytes() / 1e6
+            logs = {layer: log_kb(table_uri(lake, layer, "public", "t0"))
+                    for layer in ("bronze", "silver")}
             print(f"{run:3d}  {seconds[-1]:7.2f}  {cpu[-1]:5.2f}  {written['bronze'] / 1e6:9.2f}  "
                   f"{written['silver'] / 1e6:9.2f}  {files['bronze']:5d}/{files['silver']:<5d}  "
-                  f"{rss:7.0f}  {arrow:8.1f}  {lag:10d}  {reads[-1]:8.3f}  {load1:5.2f}  {note}",
+                  f"{rss:7.0f}  {arrow:8.1f}  {lag:10d}  {reads[-1]:8.3f}  "
+                  f"{logs['bronze']:5.0f}/{logs['silver']:<5.0f}  {load1:5.2f}  {note}",
                   flush=True)
             if log:
                 log.write(f"{run},{seconds[-1]:.3f},{cpu[-1]:.3f},{written['bronze']},"
                           f"{written['silver']},{files['bronze']},{files['silver']},{rss:.0f},"
-                          f"{arrow:.1f},{lag},{reads[-1]:.4f},{load1:.2f},{u_seconds:.2f},"
+                          f"{arrow:.1f},{lag},{reads[-1]:.4f},{logs['bronze']:.1f},{logs['silver']:.1f},"
+                          f"{load1:.2f},{u_seconds:.2f},"
                           f"{rewritten}\n")
                 log.flush()
         if log:

@@ -581,7 +581,8 @@ class _SnapshotRun:
                     binary=self.settings.snapshot_binary,
                     statement_timeout_ms=self.settings.incremental_statement_timeout_ms
                     if name in self.overrides else 0,
-                    storage=storage_options(ctx.bronze_uri)))
+                    storage=storage_options(ctx.bronze_uri),
+                    silver_file_bytes=self.settings.target_file_bytes))
                 small.append(size.bytes if len(plan.chunks) == 1 else -1)
         return group_small(tasks, small, chunk_bytes=self.settings.snapshot_chunk_bytes,
                            slots=self._slots())

@@ -104,8 +104,8 @@ def commit_table(ctx: TableContext, done: Mapping[int, ChunkDone], *, app_prefix
     if version_of(silver, snapshot_id) >= 0:
         s_version = silver.version()
     else:
-        files = [DataFile(c.silver.path, c.silver.size, c.silver.num_records, c.silver.stats)
-                 for c in done.values() if c.silver is not None]
+        files = [DataFile(f.path, f.size, f.num_records, f.stats)
+                 for c in done.values() for f in c.silver]
         s_version = commit_files(silver, files, ctx.silver_schema, mode="overwrite",
                                  app_id=ctx.silver_app_id, version=b_version, metadata=meta)
     return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn, resumed)
@@ -137,6 +137,6 @@ def remove_uncommitted(ctx: TableContext, chunks: Mapping[int, ChunkDone]) -> No
     """Delete the files of chunks that will never be committed (on local disk or object
     storage; one that cannot be deleted stays an orphan that ``vacuum`` removes)."""
     for c in chunks.values():
-        for root, f in ((ctx.bronze_uri, c.bronze), (ctx.silver_uri, c.silver)):
+        for root, f in ((ctx.bronze_uri, c.bronze), *((ctx.silver_uri, s) for s in c.silver)):
             if f is not None:
                 delete_file(join(root, f.path))

@@ -103,7 +103,8 @@ class ChunkDone:
     lsn: int
     rows: int
     bronze: SnapshotFile | None
-    silver: SnapshotFile | None
+    silver: tuple[SnapshotFile, ...]
+    """Its silver files (several when laid out at the target file size)."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class SnapshotLog:
             _event(snapshot_id, "chunk", plan.name, chunk=c.index, lsn=c.lsn, rows=c.rows,
                    payload={"plan_id": plan.plan_id,
                             "bronze": None if c.bronze is None else c.bronze.to_json(),
-                            "silver": None if c.silver is None else c.silver.to_json()})
+                            "silver": [f.to_json() for f in c.silver]})
             for plan, c in done])
 
     def table_done(self, snapshot_id: int, name: TableName, lsn: int, rows: int,
@@ -228,10 +229,12 @@ class SnapshotLog:
                 plan = state.plans.get(name)
                 if plan is None or payload.get("plan_id") != plan.plan_id:
                     continue
-                files = [None if payload.get(k) is None else SnapshotFile.from_json(payload[k])
-                         for k in ("bronze", "silver")]
+                bronze = payload.get("bronze")
+                silver = payload.get("silver") or []
                 done = ChunkDone(int(row["chunk"]), int(row["lsn"]), int(row["rows"]),
-                                 files[0], files[1])
+                                 None if bronze is None else SnapshotFile.from_json(bronze),
+                                 tuple(SnapshotFile.from_json(f) for f in (
+                                     silver if isinstance(silver, list) else [silver])))
                 known = state.chunks.setdefault(name, {})
                 if done.index not in known or known[done.index].lsn < done.lsn:
                     known[done.index] = done  # a chunk read again later supersedes

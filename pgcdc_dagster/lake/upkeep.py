@@ -15,6 +15,12 @@
   ``dataChange = true``; the micro-batch then runs again (``lake/silver.py``). Bronze's
   stay ``dataChange = false`` (no writer removes bronze files but compaction; a streaming
   reader of bronze sees no new data).
+* Whether silver's files are already clustered (disjoint key ranges) is decided on their
+  exact first-key bounds: a string statistic cut to its first 32 characters
+  (``lake/file_stats.py``) makes files whose keys share a longer prefix look overlapping, so
+  such bounds are read from the files' Parquet footers (which keep whole values) or, without
+  footer statistics, from the key column itself. A second compaction of unchanged data then
+  rewrites nothing.
 * Bronze is compacted only among the files silver has already applied (present at the
   bronze version silver's app transaction records), in commit order, and the compacted
   files are named ``compact-…``: silver's catch-up takes the files a bronze version added
@@ -31,10 +37,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
@@ -56,6 +65,9 @@ from pgcdc_dagster.lake.delta import (
     load_table,
     open_table,
 )
+from pgcdc_dagster.lake.file_stats import STRING_PREFIX
+from pgcdc_dagster.lake.key_ranges import CUT_MARK
+from pgcdc_dagster.lake.storage import filesystem
 
 COMPACT_PREFIX = COMPACTED_PREFIX.rstrip("-")
 SMALL_FRACTION = 0.5
@@ -138,11 +150,17 @@ def compact(uri: str, keys: Sequence[str], target_bytes: int, *,
     files = stored_files(table, keys[0])
     if eligible is not None:
         files = [f for f in files if f.path in eligible]
-    per_file = rows_per_file(target_bytes, bytes_per_row(files))
     schema = pa.schema(table.schema().to_arrow())
+    if repair_overlaps:
+        files = [exact_bounds(uri, f, keys[0], schema) if cut_bounds(f) else f for f in files]
+    per_file = rows_per_file(target_bytes, bytes_per_row(files))
     for group in compaction_groups(files, target_bytes, repair_overlaps=repair_overlaps):
         data = pa.concat_tables([read_file(uri, f.path, schema) for f in group])
-        added = write_clustered(uri, data, keys, per_file, COMPACT_PREFIX)
+        # Rows per file from the group's own bytes per row: the table's average would split
+        # a group of wider rows into files above the bound, split again at every run.
+        per_group = rows_per_file(target_bytes, bytes_per_row(group)) \
+            if all(f.rows > 0 for f in group) else per_file
+        added = write_clustered(uri, data, keys, per_group, COMPACT_PREFIX)
         if not _commit_rewrite(table, group, added, data_change, now_ms):
             delete_files(uri, added)
             result.conflicts += 1
@@ -154,6 +172,38 @@ def compact(uri: str, keys: Sequence[str], target_bytes: int, *,
         result.files_added += len(added)
         result.bytes_added += sum(f.size for f in added)
     return result
+
+
+def cut_bounds(f: StoredFile) -> bool:
+    """Whether a file's first-key statistics may be cut strings (module docstring)."""
+    return (isinstance(f.low, str) and len(f.low) >= STRING_PREFIX) or \
+        (isinstance(f.high, str) and bool(f.high) and f.high[-1] >= CUT_MARK)
+
+
+def exact_bounds(uri: str, f: StoredFile, key: str, schema: pa.Schema) -> StoredFile:
+    """``f`` with the exact min/max of its first key column: from the Parquet footer, else
+    from the column's values; ``f`` unchanged when neither can be read."""
+    fs, base = filesystem(uri)
+    try:
+        with fs.open_input_file(f"{base.rstrip('/')}/{unquote(f.path)}") as handle:
+            meta = pq.read_metadata(handle)
+        lows, highs = [], []
+        for rg in range(meta.num_row_groups):
+            group = meta.row_group(rg)
+            stats = next((group.column(c).statistics for c in range(group.num_columns)
+                          if group.column(c).path_in_schema == key), None)
+            if stats is None or not stats.has_min_max:
+                break
+            lows.append(stats.min)
+            highs.append(stats.max)
+        else:
+            if lows and all(isinstance(v, str) for v in lows + highs):
+                return replace(f, low=min(lows), high=max(highs))
+        bounds = pc.min_max(read_file(uri, f.path, schema, [key])[key])
+    except (OSError, pa.ArrowException):
+        return f
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    return f if low is None or high is None else replace(f, low=low, high=high)
 
 
 def _commit_rewrite(table: DeltaTable, removed: Sequence[StoredFile],

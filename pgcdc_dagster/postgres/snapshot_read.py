@@ -350,9 +350,17 @@ def _row(values: Sequence[str], key: Sequence[KeyColumn]) -> sql.Composable:
     return sql.SQL("({})").format(sql.SQL(", ").join(items))
 
 
+BYTE_ORDER_TYPES = re.compile(r"^(text|name|citext|character varying|character|varchar|"
+                              r"bpchar)(\(\d+\))?$")
+"""Key types ``ORDER BY`` sorts with ``COLLATE "C"`` (code point order, the order of the
+strings silver's file statistics compare) instead of the column's collation."""
+
+
 def chunk_query(chunk: Chunk, columns: Sequence[str], key: Sequence[KeyColumn] = (),
-                override: str | None = None) -> sql.Composed:
-    """The chunk's ``SELECT``: the table (or the validated override) restricted to the chunk.
+                override: str | None = None, *, ordered: bool = False) -> sql.Composed:
+    """The chunk's ``SELECT``: the table (or the validated override) restricted to the chunk;
+    ``ordered``: a key chunk's rows in key order (text keys in code point order), for silver
+    files laid out by key (``spark/snapshot_tasks.py``).
 
     Key types come from the catalog (``format_type``), never from user input; an override
     has been validated as a single read-only SELECT by :func:`validate_override`.
@@ -378,6 +386,10 @@ def chunk_query(chunk: Chunk, columns: Sequence[str], key: Sequence[KeyColumn] =
     query = sql.SQL("SELECT {} FROM {}").format(cols, source)
     if cond:
         query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(cond))
+    if ordered and chunk.kind != "ctid" and key:
+        query = sql.SQL("{} ORDER BY {}").format(query, sql.SQL(", ").join(
+            sql.SQL('{} COLLATE "C"' if BYTE_ORDER_TYPES.match(k.sql_type) else "{}").format(
+                sql.Identifier(k.name)) for k in key))
     return query
 
 

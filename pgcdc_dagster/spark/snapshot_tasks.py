@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg2
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from psycopg2 import sql
 
@@ -40,6 +41,7 @@ from pgcdc_dagster.cdc.copy_columns import split_fields
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.delta import stats_json
+from pgcdc_dagster.lake.parquet_layout import SAMPLE_ROWS
 from pgcdc_dagster.lake.storage import filesystem
 from pgcdc_dagster.postgres import snapshot_read
 from pgcdc_dagster.postgres.binary_read import read_binary_rows
@@ -82,6 +84,10 @@ class ChunkTask:
     """Read with binary COPY (``snapshot_binary``); False: text COPY."""
     statement_timeout_ms: int = 0
     """``statement_timeout`` of the chunk's read (set for an override's chunks; 0: none)."""
+    silver_file_bytes: int = 0
+    """Target size of the chunk's silver files (``target_file_bytes``): the chunk is read in
+    key order and its silver rows written as files of about this size, each sorted by key
+    (:class:`_ClusteredOutput`); 0: one silver file per chunk, in read order."""
     storage: dict[str, str] | None = None
     """Storage options of an object-store lakehouse (``lake.storage``), resolved on the
     driver: the executor writes through pyarrow's own filesystem with them. Secrets: never
@@ -188,7 +194,7 @@ class ChunkResult:
     lsn: int
     rows: int
     bronze: SnapshotFile | None
-    silver: SnapshotFile | None
+    silver: tuple[SnapshotFile, ...]
     seconds: float
     error: ChunkError | None = None
 
@@ -248,11 +254,11 @@ def run_chunk(task: ChunkTask) -> ChunkResult:
         message, table = str(exc), f"{task.chunk.schema}.{task.chunk.table}"
         if table not in message:  # e.g. a converter's error names the column, not the table
             message = f"{table}: {message}"
-        return ChunkResult(task.chunk, task.lsn, 0, None, None, time.monotonic() - started,
+        return ChunkResult(task.chunk, task.lsn, 0, None, (), time.monotonic() - started,
                            ChunkError(type(exc).__name__, message))
     except psycopg2.Error as exc:
         message = (exc.pgerror or str(exc) or type(exc).__name__).strip()
-        return ChunkResult(task.chunk, task.lsn, 0, None, None, time.monotonic() - started,
+        return ChunkResult(task.chunk, task.lsn, 0, None, (), time.monotonic() - started,
                            ChunkError("PgCdcError", f"{task.chunk}: {message}"))
 
 
@@ -263,10 +269,16 @@ def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
     name = f"part-{task.file_prefix}-{task.chunk.index:05d}-{uuid.uuid4().hex}.parquet"
     bronze = _Output(task.bronze_root, name, conv.bronze_writer_schema,
                      lambda: conv.bronze_options, task.storage)
-    silver = _Output(task.silver_root, name, conv.silver_writer_schema,
-                     lambda: conv.silver_options, task.storage)
+    keys = silver_keys(task)
+    silver: _Output | _ClusteredOutput = _Output(
+        task.silver_root, name, conv.silver_writer_schema, lambda: conv.silver_options,
+        task.storage) if not task.silver_file_bytes else _ClusteredOutput(
+        task.silver_root, name, conv.silver_writer_schema, lambda: conv.silver_options,
+        task.storage, keys, task.silver_file_bytes)
     columns = [c.name for c in task.relation.columns]
-    query = chunk_query(task.chunk, columns, task.key, task.override)
+    ordered = bool(task.silver_file_bytes) and \
+        [k.name for k in task.key] == list(task.relation.key_names)
+    query = chunk_query(task.chunk, columns, task.key, task.override, ordered=ordered)
     groups = _binary_groups(task, conv, query, columns) if task.binary else \
         _text_groups(task, conv, query, columns)
     try:
@@ -283,7 +295,102 @@ def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
         silver.abort()
         raise
     rows = b_file.num_records if b_file is not None else 0
-    return ChunkResult(task.chunk, task.lsn, rows, b_file, s_file, time.monotonic() - started)
+    s_files = s_file if isinstance(s_file, tuple) else () if s_file is None else (s_file,)
+    return ChunkResult(task.chunk, task.lsn, rows, b_file, s_files,
+                       time.monotonic() - started)
+
+
+def silver_keys(task: ChunkTask) -> list[str]:
+    """Silver's names of the table's key columns (the MERGE key)."""
+    names = {c.name: conv.silver_field.name
+             for c, conv in zip(task.relation.columns, task.converters, strict=True)}
+    return [names[k] for k in task.relation.key_names if k in names]
+
+
+class _ClusteredOutput:
+    """A chunk's silver rows as files of about ``target_bytes`` each, one row group per file,
+    each sorted by key, like compaction's (``lake/data_files.write_clustered``).
+
+    The chunk is read in key order (``chunk_query(ordered=True)``), so consecutive files hold
+    consecutive key ranges; a row group that is not (a key whose PostgreSQL order is not
+    silver's, e.g. an enum) is sorted, and the files' ranges may then overlap, which upkeep's
+    compaction repairs. Rows per file come from the first rows' encoded size, then from the
+    files written. Up to 1.5 files of rows are held (a chunk's last file takes the remainder
+    up to 1.5 times the target, so no file but a small chunk's is below half the target).
+    """
+
+    def __init__(self, root: str, name: str, schema: pa.Schema,
+                 options: Callable[[], dict[str, Any]], storage: dict[str, str] | None,
+                 keys: Sequence[str], target_bytes: int) -> None:
+        self.fs, base = filesystem(root, storage)
+        self.base = base.rstrip("/")
+        self.stem = name.removesuffix(".parquet")
+        self.schema = schema
+        self.options = options
+        self.keys = list(keys)
+        self.target_bytes = target_bytes
+        self.rows_per_file = 0
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+        self.files: list[SnapshotFile] = []
+
+    def write(self, table: pa.Table) -> None:
+        table = _key_sorted(table, self.keys)
+        if not self.rows_per_file:
+            self.rows_per_file = self._estimate(table)
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        while self.pending_rows >= self.rows_per_file * 3 // 2:
+            data = pa.concat_tables(self.pending)
+            self._write_file(data.slice(0, self.rows_per_file))
+            rest = data.slice(self.rows_per_file)
+            self.pending, self.pending_rows = [rest], rest.num_rows
+            written = sum(f.num_records for f in self.files)
+            per_row = sum(f.size for f in self.files) / max(written, 1)
+            self.rows_per_file = max(1, int(self.target_bytes / max(per_row, 1e-3)))
+
+    def _estimate(self, table: pa.Table) -> int:
+        """Rows per file from the encoded size of the first rows."""
+        sample = table.slice(0, SAMPLE_ROWS)
+        sink = pa.BufferOutputStream()
+        pq.write_table(sample, sink, row_group_size=max(sample.num_rows, 1), **self.options())
+        per_row = sink.getvalue().size / max(sample.num_rows, 1)
+        return max(1, int(self.target_bytes / max(per_row, 1e-3)))
+
+    def _write_file(self, data: pa.Table) -> None:
+        name = f"{self.stem}-{len(self.files):04d}.parquet"
+        path = f"{self.base}/{name}"
+        collector: list[pq.FileMetaData] = []
+        pq.write_table(data, path, filesystem=self.fs, metadata_collector=collector,
+                       row_group_size=max(data.num_rows, 1), **self.options())
+        size = self.fs.get_file_info(path).size
+        self.files.append(SnapshotFile(name, int(size or 0), data.num_rows,
+                                       stats_json(collector[0], data.num_rows, data)))
+
+    def close(self) -> tuple[SnapshotFile, ...]:
+        if self.pending_rows:
+            self._write_file(pa.concat_tables(self.pending))
+            self.pending, self.pending_rows = [], 0
+        return tuple(self.files)
+
+    def abort(self) -> None:
+        for f in self.files:
+            try:
+                self.fs.delete_file(f"{self.base}/{f.path}")
+            except OSError:
+                pass
+
+
+def _key_sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``table`` sorted by ``keys`` (as it is when a single key is already in order)."""
+    if table.num_rows < 2 or not keys:
+        return table
+    if len(keys) == 1:
+        first = table.column(keys[0])
+        if first.null_count == 0 and pc.all(pc.less_equal(
+                first.slice(0, len(first) - 1), first.slice(1))).as_py():
+            return table
+    return table.sort_by([(k, "ascending") for k in keys])
 
 
 Converted = tuple[list[tuple[pa.Array, pa.Array]], int]

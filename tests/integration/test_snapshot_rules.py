@@ -113,15 +113,15 @@ def _plan(kind: str, n: int) -> TablePlan:
 
 
 def test_resumed_key_ranges_keep_chunks_the_stream_can_complete() -> None:
-    chunks = {0: ChunkDone(0, 100, 5, None, None), 1: ChunkDone(1, 300, 5, None, None)}
+    chunks = {0: ChunkDone(0, 100, 5, None, ()), 1: ChunkDone(1, 300, 5, None, ())}
     assert set(reusable_chunks(_plan("key", 3), chunks, stream_from=100)) == {0, 1}
     # The slot was advanced past chunk 0's point: the stream cannot complete it any more.
     assert set(reusable_chunks(_plan("key", 3), chunks, stream_from=200)) == {1}
 
 
 def test_resumed_ctid_ranges_are_kept_whole_or_read_again() -> None:
-    same = {i: ChunkDone(i, 100, 5, None, None) for i in range(2)}
+    same = {i: ChunkDone(i, 100, 5, None, ()) for i in range(2)}
     assert reusable_chunks(_plan("ctid", 2), same, stream_from=100) == same
     assert reusable_chunks(_plan("ctid", 3), same, stream_from=100) == {}
-    mixed = {0: ChunkDone(0, 100, 5, None, None), 1: ChunkDone(1, 300, 5, None, None)}
+    mixed = {0: ChunkDone(0, 100, 5, None, ()), 1: ChunkDone(1, 300, 5, None, ())}
     assert reusable_chunks(_plan("ctid", 2), mixed, stream_from=100) == {}
