@@ -18,8 +18,13 @@ process and its children: the Spark JVM and Python workers) are printed next to 
 with their ratio: on a loaded machine a run waits for the CPU, so wall time grows with the
 load while CPU seconds much less.
 
+Each run's Dagster events are counted in its instance's event log and printed per
+captured table, so the cost Dagster's event storage adds per table shows next to the time.
+``--profile DIR`` runs every process under ``cProfile`` and leaves ``<capture>_<job>.prof``
+files there (read them with ``pstats``).
+
     .venv/bin/python bench/bench_scale.py [--small 3] [--large 1000] [--rows 1000]
-        [--snapshot-only | --checks-only]
+        [--snapshot-only | --checks-only] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -70,8 +75,11 @@ def update(dsn: str, schema: str, tables: int, updates: int) -> None:
 class Capture:
     """One capture (schema, slot, lakehouse, DAGSTER_HOME) run by the Dagster CLI."""
 
-    def __init__(self, root: Path, dsn: str, schema: str) -> None:
-        home = root / f"home_{schema}"
+    def __init__(self, root: Path, dsn: str, schema: str, profile: Path | None = None
+                 ) -> None:
+        self.schema = schema
+        self.profile = profile
+        self.home = home = root / f"home_{schema}"
         home.mkdir(parents=True)
         (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
         self.env = dict(os.environ)
@@ -84,11 +92,14 @@ class Capture:
 
     def run(self, job: str) -> tuple[float, float]:
         """Wall seconds and CPU seconds (the process and its children) of one job."""
-        cli = Path(sys.executable).parent / "dagster"
+        cli = [str(Path(sys.executable).parent / "dagster")]
+        if self.profile is not None:
+            out = self.profile / f"{self.schema}_{job}.prof"
+            cli = [sys.executable, "-m", "cProfile", "-o", str(out), *cli]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run(
-            [str(cli), "job", "execute", "-m", "pgcdc_dagster.definitions", "-j", job],
+            [*cli, "job", "execute", "-m", "pgcdc_dagster.definitions", "-j", job],
             env=self.env, cwd=ROOT, capture_output=True, text=True)
         seconds = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -96,6 +107,17 @@ class Capture:
             sys.exit(f"{job} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         return seconds, cpu
+
+    def events(self) -> dict[str, int]:
+        """The Dagster events of the last run, by type (read from its instance)."""
+        from collections import Counter
+
+        import dagster as dg
+
+        with dg.DagsterInstance.from_config(str(self.home)) as instance:
+            run = instance.get_runs(limit=1)[0]
+            return dict(Counter(e.dagster_event_type.value if e.dagster_event_type else "LOG"
+                                for e in instance.all_logs(run.run_id)))
 
 
 def main() -> None:
@@ -111,7 +133,11 @@ def main() -> None:
     parser.add_argument("--checks-only", action="store_true",
                         help="initial_snapshot, then the capture_checks sweep only (no "
                         "micro-batches)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="run each process under cProfile, .prof files into this directory")
     args = parser.parse_args()
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="pgcdc_bench_scale_"))
     cluster = LocalCluster(root / "pg").start()
     try:
@@ -119,10 +145,11 @@ def main() -> None:
         captures = {}
         for name, count in sizes.items():
             create_tables(cluster.dsn, name, count, args.rows)
-            captures[name] = Capture(root, cluster.dsn, name)
+            captures[name] = Capture(root, cluster.dsn, name, args.profile)
         figures: dict[str, dict[str, tuple[float, float]]] = {}
         for name, capture in captures.items():
             figures[name] = {"initial_snapshot": capture.run("initial_snapshot")}
+            snap_events = capture.events()
             if args.checks_only:
                 figures[name]["capture_checks (full sweep)"] = capture.run("capture_checks")
             elif not args.snapshot_only:
@@ -136,6 +163,9 @@ def main() -> None:
             print(f"{name} ({sizes[name]} tables x {args.rows} rows): "
                   + ", ".join(f"{k} {v[0]:.1f}s ({v[1]:.1f} CPU s)"
                               for k, v in figures[name].items()), flush=True)
+            print(f"  initial_snapshot events: {sum(snap_events.values())} "
+                  f"({sum(snap_events.values()) / sizes[name]:.1f} per table): "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(snap_events.items())), flush=True)
         load = os.getloadavg()[0]
         targets = {"initial_snapshot": 3.0, "capture_checks (full sweep)": None}
         print(f"\nratios, {args.large} tables / {args.small} tables (load {load:.1f}):")

@@ -67,6 +67,7 @@ from pgcdc_dagster.lake.paths import is_local
 from pgcdc_dagster.lake.schema_history import HistoryBatch, history_uri, read_histories
 from pgcdc_dagster.lake.storage import storage_options
 from pgcdc_dagster.names import resolve_table_id, table_id
+from pgcdc_dagster.postgres.catalog import column_facts, load_types
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
     SkippedTable,
@@ -163,14 +164,18 @@ def load_capture(settings: CaptureSettings) -> tuple[list[TableContext], list[Sk
         key_for = parse_column_options(tuple(settings.column_options)).key_for
         found = resolve_capture(conn, settings.include, settings.exclude, key_for=key_for)
         leave_out_partitioned(conn, found, settings.include, settings.plugin_name)
-        # Types resolved, the schema history read once and its new entries written in one
-        # append, for every table.
+        # The catalog read in bulk (types, NOT NULL flags and defaults: a few queries for
+        # every table), the schema history read once and its new entries written in one
+        # append (issue 16).
         types: dict[int, PgType] = {}
+        load_types(conn, {c.type_oid for r in found.relations for c in r.columns}, cache=types)
+        facts = column_facts(conn, [r.oid for r in found.relations])
         histories = read_histories(history_uri(settings.lakehouse)) \
             if settings.lakehouse else None
         batch = HistoryBatch(history_uri(settings.lakehouse)) if settings.lakehouse else None
         contexts = [build_context(conn, r, settings, type_cache=types, histories=histories,
-                                  history_batch=batch) for r in found.relations]
+                                  history_batch=batch, facts=facts[r.oid])
+                    for r in found.relations]
         if batch is not None:
             batch.flush()
         return contexts, found.skipped

@@ -40,7 +40,12 @@ from pgcdc_dagster.lake.schema_history import (
 )
 from pgcdc_dagster.lake.silver import silver_schema, toastable_columns
 from pgcdc_dagster.names import table_id
-from pgcdc_dagster.postgres.catalog import load_types, table_column_defaults, table_columns
+from pgcdc_dagster.postgres.catalog import (
+    ColumnFacts,
+    load_types,
+    table_column_defaults,
+    table_columns,
+)
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +229,8 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
                   settings: CaptureSettings, *,
                   type_cache: MutableMapping[int, PgType] | None = None,
                   histories: Mapping[tuple[str, str], list[Entry]] | None = None,
-                  history_batch: HistoryBatch | None = None) -> TableContext:
+                  history_batch: HistoryBatch | None = None,
+                  facts: ColumnFacts | None = None) -> TableContext:
     """Resolve the relation's column types and build its context.
 
     Columns whose type Debezium omits are dropped; NOT NULL columns get required schemas
@@ -235,19 +241,23 @@ def build_context(conn: psycopg2.extensions.connection, relation: Relation,
     older fields so silver reads every event. The context's shape is recorded in the schema
     history at the table's offset when it is not the shape in force there.
 
-    ``type_cache`` and ``histories`` (:func:`read_histories`) let a caller building many
-    contexts resolve types and read the schema history once for all of them; with
-    ``history_batch`` their new history entries are written together when it is flushed.
+    ``type_cache``, ``histories`` (:func:`read_histories`) and ``facts``
+    (:func:`column_facts`) let a caller building many contexts resolve types, read the
+    schema history and the columns' NOT NULL flags and defaults once for all of them (no
+    catalog query per table); with ``history_batch`` their new history entries are written
+    together when it is flushed.
 
     Raises:
         SchemaChangeError: a key column's type changed since bronze stored it.
     """
     schema, table = relation.namespace, relation.name
     types = load_types(conn, {c.type_oid for c in relation.columns}, cache=type_cache)
-    not_null = {name for name, _, _, nn in table_columns(conn, schema, table) if nn}
+    if facts is None:
+        facts = ColumnFacts(
+            frozenset(name for name, _, _, nn in table_columns(conn, schema, table) if nn),
+            table_column_defaults(conn, schema, table))
     convs = converters_for(relation.columns, types, settings.modes,  # type: ignore[arg-type]
-                           not_null=not_null,
-                           defaults=table_column_defaults(conn, schema, table))
+                           not_null=facts.not_null, defaults=facts.defaults)
     kept = [(col, conv) for col, conv in zip(relation.columns, convs, strict=True)
             if not conv.dropped]
     rel = Relation(relation.oid, relation.namespace, relation.name, relation.replica_identity,

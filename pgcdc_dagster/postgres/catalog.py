@@ -2,13 +2,15 @@
 
 ``load_types`` reads ``pg_type`` (with ``pg_namespace``, ``pg_enum`` and ``pg_range``) and
 resolves array elements, domain bases and range subtypes recursively into
-:class:`~pgcdc_dagster.cdc.typeconv.PgType` values. ``table_columns`` reads ``pg_attribute``.
-Values are always passed as query parameters; nothing is interpolated into SQL text.
+:class:`~pgcdc_dagster.cdc.typeconv.PgType` values. ``table_columns`` reads ``pg_attribute``;
+``column_facts`` reads the NOT NULL flags and defaults of many tables in one query. Values
+are always passed as query parameters; nothing is interpolated into SQL text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pgcdc_dagster.cdc.typeconv import PgType
@@ -34,6 +36,14 @@ LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attn
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
+"""
+
+_FACTS_SQL = """
+SELECT a.attrelid, a.attname, a.attnotnull,
+       CASE WHEN a.attgenerated = '' THEN pg_catalog.pg_get_expr(d.adbin, d.adrelid) END
+FROM pg_catalog.pg_attribute a
+LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
 """
 
 _TABLE_EXISTS_SQL = """
@@ -124,6 +134,32 @@ def table_column_defaults(conn: Any, schema: str, table: str) -> dict[str, str]:
     """The default expression (``pg_get_expr``) of each column that has one (generated
     columns excluded)."""
     return {n: e for n, _, _, _, _, e in _columns(conn, schema, table) if e is not None}
+
+
+@dataclass(frozen=True)
+class ColumnFacts:
+    """What a table's converters need beyond the columns' types: the NOT NULL columns and
+    the default expression of each column that has one (generated columns excluded)."""
+
+    not_null: frozenset[str] = frozenset()
+    defaults: Mapping[str, str] = field(default_factory=dict)
+
+
+def column_facts(conn: Any, oids: Iterable[int]) -> dict[int, ColumnFacts]:
+    """:class:`ColumnFacts` of every table in ``oids``, read in one query whatever their
+    number (a table that no longer exists gets empty facts)."""
+    wanted = sorted({int(o) for o in oids})
+    rows: dict[int, tuple[set[str], dict[str, str]]] = {o: (set(), {}) for o in wanted}
+    if wanted:
+        with conn.cursor() as cur:
+            cur.execute(_FACTS_SQL, (wanted,))
+            for relid, name, not_null, default in cur.fetchall():
+                not_nulls, defaults = rows[int(relid)]
+                if not_null:
+                    not_nulls.add(str(name))
+                if default is not None:
+                    defaults[str(name)] = str(default)
+    return {o: ColumnFacts(frozenset(n), d) for o, (n, d) in rows.items()}
 
 
 def _columns(conn: Any, schema: str, table: str

@@ -27,19 +27,20 @@ ORDER BY n.nspname, c.relname
 """
 
 _COLUMNS_SQL = """
-SELECT a.attname, a.atttypid, a.atttypmod
+SELECT a.attrelid, a.attname, a.atttypid, a.atttypmod
 FROM pg_attribute a
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
-ORDER BY a.attnum
+WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
+  AND a.attgenerated = ''
+ORDER BY a.attrelid, a.attnum
 """
 
 _KEY_SQL = """
-SELECT i.indisprimary, i.indisreplident, a.attname
+SELECT i.indrelid, i.indisprimary, i.indisreplident, a.attname
 FROM pg_index i
 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
-ORDER BY i.indisprimary DESC, k.ord
+WHERE i.indrelid = ANY(%s::oid[]) AND (i.indisprimary OR i.indisreplident)
+ORDER BY i.indrelid, i.indisprimary DESC, k.ord
 """
 
 
@@ -182,18 +183,21 @@ def resolve_capture(conn: psycopg2.extensions.connection, include: Sequence[str]
                 "name (schema.table, a regular expression), create the table, or remove it "
                 "from PGCDC_TABLES."
             )
+    matched = [row for row in candidates
+               if (not include or _matches(include, row[1], row[2]))
+               and not _matches(exclude, row[1], row[2])]
+    # The keys and columns of every matched table in two queries, whatever their number.
+    catalog = _describe_rows(conn, [int(row[0]) for row in matched])
     out = Resolution()
-    for oid, schema, table, ident, persistence, readable in candidates:
-        if include and not _matches(include, schema, table):
-            continue
-        if _matches(exclude, schema, table):
-            continue
+    for oid, schema, table, ident, persistence, readable in matched:
         explicit = names_table(include, schema, table)
         skipped = unusable(schema, table, str(persistence), bool(readable), str(ident))
         relation = None
         if skipped is None:
             try:
-                relation = describe_table(conn, oid, schema, table, ident, key_for=key_for)
+                key_rows, cols = catalog.get(int(oid), ([], []))
+                relation = _relation(int(oid), schema, table, ident, key_rows, cols,
+                                     key_for=key_for)
             except MissingPrimaryKeyError:
                 if explicit:
                     raise
@@ -276,11 +280,34 @@ def describe_table(conn: psycopg2.extensions.connection, oid: int, schema: str, 
                    replica_identity: str, *, key_for: KeyFor | None = None) -> Relation:
     """Build a Relation for one table from the catalog, key columns flagged (a keyless
     table's from ``key_for``, ``message.key.columns``)."""
+    key_rows, cols = _describe_rows(conn, [oid]).get(oid, ([], []))
+    return _relation(oid, schema, table, replica_identity, key_rows, cols, key_for=key_for)
+
+
+_KeyRow = tuple[bool, bool, str]
+_ColumnRow = tuple[str, int, int]
+
+
+def _describe_rows(conn: psycopg2.extensions.connection, oids: Sequence[int]
+                   ) -> dict[int, tuple[list[_KeyRow], list[_ColumnRow]]]:
+    """The key-index rows and the live columns of every table in ``oids`` (two queries)."""
+    out: dict[int, tuple[list[_KeyRow], list[_ColumnRow]]] = {o: ([], []) for o in oids}
+    if not oids:
+        return out
     with conn.cursor() as cur:
-        cur.execute(_KEY_SQL, (oid,))
-        key_rows = cur.fetchall()
-        cur.execute(_COLUMNS_SQL, (oid,))
-        cols = cur.fetchall()
+        cur.execute(_KEY_SQL, (list(oids),))
+        for relid, primary, ident, name in cur.fetchall():
+            out[int(relid)][0].append((bool(primary), bool(ident), str(name)))
+        cur.execute(_COLUMNS_SQL, (list(oids),))
+        for relid, name, typ, mod in cur.fetchall():
+            out[int(relid)][1].append((str(name), int(typ), int(mod)))
+    return out
+
+
+def _relation(oid: int, schema: str, table: str, replica_identity: str,
+              key_rows: Sequence[_KeyRow], cols: Sequence[_ColumnRow], *,
+              key_for: KeyFor | None) -> Relation:
+    """:func:`describe_table` from the catalog rows read for it."""
     # REPLICA IDENTITY USING INDEX: pgoutput's old images (deletes, updates of the index
     # columns) carry the index columns only, so they are the key (seed 002: the key holds
     # "the unique key constraint with REPLICA IDENTITY set to ... USING INDEX"); a primary

@@ -1,6 +1,9 @@
 """Cost follows the work (issue 16): runs report, check and pay for the tables they change.
 
 One scenario over two captures of the same database, 3 and 50 tables:
+* ``initial_snapshot`` of 50 tables sends the source no more statements than that of 3 (the
+  catalog read in bulk) and writes four Dagster events per table (bronze and silver
+  materializations, two light checks);
 * an idle ``cdc_microbatch`` writes as many Dagster events for 50 captured tables as for 3
   (no per-table planned events, materializations or checks), and starts no Spark session;
 * the ``capture_checks`` sweep evaluates every check of every table (all pass) and opens as
@@ -83,6 +86,52 @@ def _counting_connections() -> Iterator[list[int]]:
         psycopg2.connect = real
 
 
+class _CountingCursor(psycopg2.extensions.cursor):
+    """Counts the statements executed (into ``_STATEMENTS``); they run as usual."""
+
+    def execute(self, query: object, vars: object = None) -> None:
+        _STATEMENTS[0] += 1
+        super().execute(query, vars)  # type: ignore[arg-type]
+
+
+class _CountingConnection(psycopg2.extensions.connection):
+    def cursor(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        kwargs.setdefault("cursor_factory", _CountingCursor)
+        return super().cursor(*args, **kwargs)  # type: ignore[arg-type]
+
+
+_STATEMENTS = [0]
+
+
+@contextlib.contextmanager
+def _counting_statements() -> Iterator[list[int]]:
+    """Counts the statements the process sends to PostgreSQL meanwhile through ordinary
+    connections (replication and custom-cursor connections are left alone): real
+    statements, only counted. The Spark workers' chunk reads run in other processes."""
+    real = psycopg2.connect
+
+    def counted(*args: object, **kwargs: object) -> object:
+        if "connection_factory" not in kwargs and "cursor_factory" not in kwargs:
+            kwargs["connection_factory"] = _CountingConnection
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    _STATEMENTS[0] = 0
+    psycopg2.connect = counted
+    try:
+        yield _STATEMENTS
+    finally:
+        psycopg2.connect = real
+
+
+def _events_by_kind(instance: dg.DagsterInstance, run_id: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in instance.get_records_for_run(run_id, limit=100_000).records:
+        kind = record.event_log_entry.dagster_event_type
+        name = kind.value if kind is not None else "LOG"
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def test_local_parallelism_is_known_without_a_jvm() -> None:
     assert [local_parallelism(m) for m in ("local", "local[3]", "local[2, 4]",
                                            "spark://h:7077")] == [1, 3, 2, None]
@@ -101,6 +150,8 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
                 cur.execute(f"INSERT INTO {schema}.t{i} SELECT g, 'v' || g "
                             "FROM generate_series(1, 5) g")
     events: dict[str, int] = {}
+    snap_events: dict[str, dict[str, int]] = {}
+    statements: dict[str, int] = {}
     with dg.instance_for_test() as inst_a, dg.instance_for_test() as inst_b:
         instances = {"cost_a": inst_a, "cost_b": inst_b}
         defs = {}
@@ -109,7 +160,10 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
             tables = [(schema, f"t{i}") for i in range(n)]
             defs[schema] = build_definitions(tables, _resources(pg_dsn, root, schema),
                                              settings=MonitorSettings())
-            snap = _run(defs[schema], instances[schema], "initial_snapshot")
+            with _counting_statements() as sent:
+                snap = _run(defs[schema], instances[schema], "initial_snapshot")
+            statements[schema] = sent[0]
+            snap_events[schema] = _events_by_kind(instances[schema], snap.run_id)
             assert _materialized(snap) == {f"{layer}/{s}/{t}" for s, t in tables
                                            for layer in ("bronze", "silver")}
             assert _planned(instances[schema], snap.run_id) == 0
@@ -119,6 +173,18 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
             events[schema] = len(instances[schema].get_records_for_run(
                 idle.run_id, limit=10_000).records)
         assert events["cost_a"] == events["cost_b"], events
+        # The snapshot of 50 tables sends the source no more statements than that of 3 (the
+        # catalog, sizes, keys and plans are read in bulk and the chunks by the Spark
+        # workers; a query per table would add 47): the few that differ belong to the
+        # stream step after it (a slot advance when WAL is pending). It writes four Dagster
+        # events per table, its bronze and silver materializations and its two light
+        # checks; the run's other events (log lines included) do not grow with the tables.
+        assert statements["cost_b"] <= statements["cost_a"] + 10, statements
+        extra = {kind: snap_events["cost_b"].get(kind, 0) - snap_events["cost_a"].get(kind, 0)
+                 for kind in {*snap_events["cost_a"], *snap_events["cost_b"]}}
+        assert extra.pop("ASSET_MATERIALIZATION") == 2 * (50 - 3), snap_events
+        assert extra.pop("ASSET_CHECK_EVALUATION") == 2 * (50 - 3), snap_events
+        assert sum(extra.values()) <= 3, snap_events
 
         # The full check sweep: every check of every table evaluates and passes (silver
         # equals the source), and the sweep opens as many connections for 50 tables as for
