@@ -14,8 +14,13 @@ snapshot of a fresh Spark session (Python workers starting) is reported apart.
 ``--whole-process`` adds the same snapshot taken by a whole ``dagster job execute -m
 pgcdc_dagster.definitions -j initial_snapshot`` process (fresh ``DAGSTER_HOME``, default
 instance, its own slot), as a user runs it: its rate ÷ the raw COPY measured just before it
-(issue 16 target: >= 0.3; the engine's ratio above is the steady state, target >= 0.6) and
-the process's peak RSS. ``--tables orders`` snapshots one table (``--rows`` all in it).
+(issue 16 target: >= 0.3; the engine's ratio above is the steady state, target >= 0.6), the
+process's peak RSS, and where its time went: the CLI and Dagster's set-up before the run
+starts, the run's start to the capture step, the snapshot step's own timeline (when the Spark
+JVM was asked for and was ready, the slot created, the chunks planned, the first chunk, the
+chunks read and committed; ``SnapshotReport.timeline``) and the rest of the process. The
+engine's timeline of its best run is printed too. ``--tables orders`` snapshots one table
+(``--rows`` all in it).
 
     .venv/bin/python bench/bench_snapshot.py [--rows 2000000] [--repeat 3] [--whole-process]
         [--tables orders,metrics]
@@ -27,6 +32,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +41,7 @@ from pathlib import Path
 
 import psycopg2
 
-from bench.bench_stream import WholeProcess
+from bench.bench_stream import _RSS, WholeProcess
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import run_snapshot
 from pgcdc_dagster.postgres.local_cluster import LocalCluster
@@ -129,6 +135,14 @@ def pattern(tables: list[str]) -> str:
     return f"public\\.({'|'.join(tables)})"
 
 
+def timeline_text(timeline: list[tuple[str, float]]) -> str:
+    return ", ".join(f"{event} {at:.2f}" for event, at in timeline)
+
+
+TIMELINES: dict[str, list[tuple[str, float]]] = {}
+"""The snapshot step's timeline of each in-process run, by its name."""
+
+
 def snapshot_seconds(dsn: str, root: Path, name: str, spark: object,
                      tables: list[str]) -> tuple[float, int]:
     settings = CaptureSettings(dsn=dsn, lakehouse=str(root / name), slot=name,
@@ -137,12 +151,48 @@ def snapshot_seconds(dsn: str, root: Path, name: str, spark: object,
     report = run_snapshot(settings, spark, force=True,  # type: ignore[arg-type]
                           progress=lambda _line: None)
     elapsed = time.perf_counter() - started
+    TIMELINES[name] = report.timeline
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
     conn.close()
     return elapsed, report.rows
+
+
+def whole_process(job: WholeProcess) -> tuple[float, int, list[str]]:
+    """Seconds, peak RSS and the breakdown of one ``dagster job execute -j
+    initial_snapshot`` (each output line timed as it arrives)."""
+    cli = Path(sys.executable).parent / "dagster"
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RSS, str(cli), "job", "execute", "-m",
+         "pgcdc_dagster.definitions", "-j", "initial_snapshot"],
+        env=job.env, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines = [(time.perf_counter() - started, line.rstrip()) for line in proc.stdout]
+    proc.wait()
+    seconds = time.perf_counter() - started
+    text = "\n".join(line for _, line in lines)
+    if proc.returncode != 0 or "RUN_SUCCESS" not in text:
+        sys.exit(f"initial_snapshot failed:\n{text[-5000:]}")
+    rss = [int(line.split()[1]) * 1024 for _, line in lines if line.startswith("MAXRSS ")]
+
+    def first(marker: str) -> float:
+        return next((at for at, line in lines if marker in line), float("nan"))
+
+    run_start, step_start = first("RUN_START"), first("STEP_START")
+    step_end, run_end = first("STEP_SUCCESS"), first("RUN_SUCCESS")
+    timeline = next((line.split("start): ", 1)[1] for _, line in lines
+                     if "snapshot timeline" in line), "?")
+    breakdown = [
+        f"CLI and Dagster set-up before the run starts {run_start:.2f} s",
+        f"run start -> capture step {step_start - run_start:.2f} s",
+        f"snapshot step (s from its start, the step began at {step_start:.2f} s): {timeline}",
+        f"step end (events, checks) -> run success {run_end - step_end:.2f} s, "
+        f"-> process exit {seconds - run_end:.2f} s",
+    ]
+    return seconds, rss[-1] if rss else 0, breakdown
 
 
 def cluster_pid(data_dir: Path) -> int:
@@ -206,18 +256,24 @@ def main() -> None:
               f"{max(pairs):.2f}, median {statistics.median(pairs):.2f}")
         print(f"CPU seconds ours/raw: {min(our_cpu) / max(min(raw_cpu), 1e-9):.1f}")
         print(f"ratio: {ours_s and raw_s / ours_s:.2f}")
+        best = f"warm{ours.index(ours_s)}"
+        print(f"engine timeline of its best run (s): {timeline_text(TIMELINES[best])}")
         spark.stop()
         if args.whole_process:
             shutil.rmtree(root / "cold", ignore_errors=True)  # the disk the job writes to
             for i in range(args.repeat):
                 shutil.rmtree(root / f"warm{i}", ignore_errors=True)
             raw_now, _ = raw_copy_seconds(cluster.dsn, tables)
-            job_s, rss = WholeProcess(root, cluster.dsn, pattern(tables)).run("initial_snapshot")
+            load_job = os.getloadavg()[0]
+            job_s, rss, breakdown = whole_process(
+                WholeProcess(root, cluster.dsn, pattern(tables)))
             print(f"whole process (dagster job execute -j initial_snapshot): "
                   f"{total / job_s:,.0f} rows/s ({job_s:.1f} s; raw COPY just before "
                   f"{raw_now:.2f} s), ratio {raw_now / job_s:.3f} (best raw: "
                   f"{raw_s / job_s:.3f}), peak RSS {rss / 2**20:.0f} MiB; load "
-                  f"{os.getloadavg()[0]:.1f}")
+                  f"{load_job:.1f} -> {os.getloadavg()[0]:.1f}")
+            for item in breakdown:
+                print(f"  {item}")
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)  # ~800 MB of data and lakehouse per run

@@ -10,13 +10,24 @@ tables and settings are built once per process (:func:`_built`). At exit the obj
 frozen out of the garbage collector (:func:`_skip_exit_collection`): the interpreter's final
 collections would otherwise walk every object of Dagster and the capture once more, seconds
 under load, after the run has finished.
+
+A process started to execute ``initial_snapshot`` whose snapshot will read chunks starts the
+Spark JVM first thing, before the rest of this module's imports (``spark/prestart.py``): it
+comes up while Dagster imports and loads the code location, creates the run and sets up the
+step (issue 16). Hence the imports after that call (E402 is ignored for this file).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
+from pgcdc_dagster.spark.prestart import prestart_for_process
+
+prestart_for_process(sys.argv, os.environ)
+
 import atexit
 import gc
-import os
 import warnings
 from collections.abc import Mapping, Sequence
 from functools import lru_cache

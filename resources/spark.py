@@ -3,6 +3,11 @@
 :meth:`SparkResource.lazy` is what the capture assets use: a handle that starts no JVM until a
 snapshot has chunks to read or a silver batch exceeds the Spark threshold, and then builds the
 session in the background while the run does its other work (``spark/lazy.py``).
+
+The handle is shared by the process (one per settings; a JVM is one per process anyway), so a
+start asked for before the run (``spark/prestart.py``: a process started to execute the
+``initial_snapshot`` job starts the JVM while Dagster loads the code location and creates the
+run, issue 16) is the one the run's snapshot uses.
 """
 
 from __future__ import annotations
@@ -13,11 +18,10 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from pgcdc_dagster.spark.lazy import LazySpark
-from pgcdc_dagster.spark.session import build_session
+from pgcdc_dagster.spark.prestart import shared_handle
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
 
 class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """The Spark session that does the data work (snapshot chunks, silver batches)."""
@@ -39,9 +43,8 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     def lazy(self) -> LazySpark:
         """The session as a handle: nothing starts until a run has Spark work."""
         if self._handle is None:
-            self._handle = LazySpark(
-                lambda: build_session(self.master, self.app_name, self.conf,
-                                      self.driver_memory), self.master)
+            self._handle = shared_handle(self.master, self.app_name, self.conf,
+                                         self.driver_memory)
         return self._handle  # type: ignore[no-any-return]
 
     def get_session(self) -> SparkSession:

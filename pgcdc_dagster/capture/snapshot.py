@@ -146,6 +146,11 @@ class SnapshotReport:
     empty_tables: list[str] = field(default_factory=list)
     """Tables given an offset without data (no_data, snapshot.include.collection.list)."""
     last_progress: SnapshotProgress | None = None
+    timeline: list[tuple[str, float]] = field(default_factory=list)
+    """What happened when, in seconds from the step's start, in order: ``spark start`` (the
+    JVM's start asked for; negative when the run started it before the step), ``slot
+    created`` (or ``snapshot point``: a temporary slot's), ``planned``, ``spark needed``,
+    ``spark ready``, ``first chunk``, ``chunks read``, ``committed``."""
 
     @property
     def rows(self) -> int:
@@ -250,6 +255,20 @@ class _SnapshotRun:
         self.ident = SourceIdentity(settings.topic_prefix, "")
         self.overrides: dict[TableName, str] = {}
         self.keys: dict[TableName, list[KeyColumn]] = {}
+        self.marks: list[tuple[str, float]] = [("step start", self.started)]
+
+    def _mark(self, event: str) -> None:
+        self.marks.append((event, time.monotonic()))
+
+    def _timeline(self) -> list[tuple[str, float]]:
+        """The marks and the Spark session's start and readiness, from the step's start."""
+        marks = list(self.marks)
+        for event, at in (("spark start", self.spark.requested_at),
+                          ("spark ready", self.spark.ready_at)):
+            if at is not None:
+                marks.append((event, at))
+        return [(event, round(at - self.started, 3))
+                for event, at in sorted(marks, key=lambda m: m[1])]
 
     # --- preparation --------------------------------------------------------------------
 
@@ -323,7 +342,7 @@ class _SnapshotRun:
             return self._empty_only(decision, int(slot.confirmed_flush_lsn), report)
         # Chunks to read: the JVM and the Python workers start in the background while the
         # slot is created, the chunks planned and the tables prepared (issue 16).
-        self.spark.start(on_ready=warm_workers)
+        self.spark.start(on_ready=warm_workers, quick=True)
         with self._point(decision) as (point, stream_from):
             return self._read(decision, point, stream_from, report)
 
@@ -338,6 +357,7 @@ class _SnapshotRun:
         if decision.slot_action in ("create", "recreate"):
             with create_slot_with_snapshot(self.settings.dsn, slot,
                                            self.settings.plugin_name) as exported:
+                self._mark("slot created")
                 self.progress(f"slot {slot!r} created at {exported.consistent_point}")
                 point = int(exported.consistent_point)
                 yield ExportedPoint(exported.name, point, exported.snapshot_name), point
@@ -356,6 +376,7 @@ class _SnapshotRun:
                         f"slot {slot!r} is confirmed at {info.confirmed_flush_lsn}, past the "
                         f"snapshot point {Lsn(exported.lsn)}; this cannot happen unless the "
                         "slot was advanced concurrently")
+            self._mark("snapshot point")
             self.progress(f"snapshot point {Lsn(exported.lsn)} (temporary slot; slot {slot!r} "
                           f"streams from {Lsn(stream_from)})")
             yield exported, stream_from
@@ -433,6 +454,7 @@ class _SnapshotRun:
         tables = [n for n in state.tables if n in state.plans and n in self.contexts
                   and n not in state.committed and n not in state.vanished]
         tasks = self._tasks(state, tables, kept, point, sizes)
+        self._mark("planned")
         est = sum(max(state.plans[n].est_rows, 0) for n in tables)
         tracker = ProgressTracker(state.snapshot_id, sum(len(state.plans[n].chunks)
                                                          for n in tables), est,
@@ -464,6 +486,8 @@ class _SnapshotRun:
             plan = state.plans[name]
             chunk_done = ChunkDone(result.chunk.index, result.lsn, result.rows, result.bronze,
                                    result.silver)
+            if not report.chunks_read:
+                self._mark("first chunk")
             fresh.append((plan, chunk_done))
             done[name][chunk_done.index] = chunk_done
             report.rows_read += result.rows
@@ -497,11 +521,14 @@ class _SnapshotRun:
             ready.extend(n for n in tables if len(done[n]) == len(state.plans[n].chunks))
             drained()
             if tasks:  # the first Spark job: wait for the session here, not before
+                self._mark("spark needed")
                 report.spark_tasks = run_chunks(
                     self.spark.get(), tasks, on_result,
                     parallelism=self.settings.snapshot_max_threads, proceed=proceed,
                     on_drained=drained)
+                self._mark("chunks read")
             drained()
+            self._mark("committed")
         if fatal:
             raise fatal[0]
         for name in decision.empty_tables:
@@ -511,6 +538,9 @@ class _SnapshotRun:
         report.seconds = time.monotonic() - self.started
         self.progress(f"snapshot {state.snapshot_id} done: {report.rows:,} rows in "
                       f"{len(report.tables)} tables, {report.rows_per_second:,.0f} rows/s")
+        report.timeline = self._timeline()
+        self.progress("snapshot timeline (s from the step's start): " + ", ".join(
+            f"{event} {at:.2f}" for event, at in report.timeline))
         if vanished:
             raise TableVanishedError("; ".join(vanished.values()))
         return report

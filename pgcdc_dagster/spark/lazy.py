@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Union
 
@@ -40,17 +41,26 @@ class LazySpark:
     ``build`` creates the session (it runs at most once); ``master`` lets the task slots of
     a local master be known without starting the JVM (planning needs them before the session
     is up). ``on_ready`` hooks run on the building thread once the session exists (the
-    snapshot starts its Python workers there).
+    snapshot starts its Python workers there). ``quick_build``, when given, is what a start
+    for work done by Python tasks uses (:meth:`start` with ``quick``): a session whose JVM
+    starts sooner because it compiles less (``build_session(quick_start=True)``).
     """
 
-    def __init__(self, build: Callable[[], SparkSession], master: str | None = None) -> None:
+    def __init__(self, build: Callable[[], SparkSession], master: str | None = None,
+                 quick_build: Callable[[], SparkSession] | None = None) -> None:
         self._build = build
+        self._quick_build = quick_build
         self._master = master
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._session: SparkSession | None = None
         self._error: BaseException | None = None
         self._on_ready: list[Callable[[SparkSession], object]] = []
+        self.requested_at: float | None = None
+        """``time.monotonic()`` when the background build started (None: not started, or a
+        session that already existed)."""
+        self.ready_at: float | None = None
+        """``time.monotonic()`` when the session built by this handle was ready."""
 
     @classmethod
     def ready(cls, session: SparkSession) -> LazySpark:
@@ -69,11 +79,13 @@ class LazySpark:
         """True once the session exists (or its build started: the JVM is being paid for)."""
         return self._session is not None or self._thread is not None
 
-    def start(self, on_ready: Callable[[SparkSession], object] | None = None) -> None:
+    def start(self, on_ready: Callable[[SparkSession], object] | None = None, *,
+              quick: bool = False) -> None:
         """Build the session in the background (no-op once built or building).
 
         ``on_ready`` runs once the session exists: on the building thread, or at once when
-        the session is already there.
+        the session is already there. ``quick``: the run's Spark work is Python tasks
+        (snapshot chunks), so the first start may use ``quick_build``.
         """
         with self._lock:
             if self._session is not None:
@@ -83,18 +95,21 @@ class LazySpark:
                 if on_ready is not None:
                     self._on_ready.append(on_ready)
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="pgcdc-spark-start",
-                                                    daemon=True)
+                    self.requested_at = time.monotonic()
+                    build = self._quick_build if quick and self._quick_build else self._build
+                    self._thread = threading.Thread(target=self._run, args=(build,),
+                                                    name="pgcdc-spark-start", daemon=True)
                     self._thread.start()
         if run_now is not None:
             run_now(self._session)  # type: ignore[arg-type]
 
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], SparkSession]) -> None:
         try:
-            session = self._build()
+            session = build()
         except BaseException as exc:  # re-raised by get() on the thread that needs Spark
             self._error = exc
             return
+        self.ready_at = time.monotonic()
         self._session = session
         for hook in self._on_ready:
             try:

@@ -94,8 +94,9 @@ def _cli_env(dsn: str, lakehouse: Path, home: Path) -> dict[str, str]:
     return env
 
 
-def _dagster_job(env: dict[str, str], job: str) -> set[str]:
-    """Run ``dagster job execute``; return the modules the process imported."""
+def _dagster_job(env: dict[str, str], job: str, output: list[str] | None = None) -> set[str]:
+    """Run ``dagster job execute``; return the modules the process imported (``output``
+    receives the lines the process printed)."""
     cli = Path(sys.executable).parent / "dagster"
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", str(cli), "job", "execute", "-m",
@@ -106,6 +107,8 @@ def _dagster_job(env: dict[str, str], job: str) -> set[str]:
     # The beta parameters the project uses on purpose (owners, backfill_policy) print no
     # warning on a user's terminal.
     assert "BetaWarning" not in proc.stderr, proc.stderr[-3000:]
+    if output is not None:
+        output.extend((proc.stdout + proc.stderr).splitlines())
     return {line.split("|")[-1].strip() for line in proc.stderr.splitlines()
             if line.startswith("import time:")}
 
@@ -114,7 +117,16 @@ def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path) 
     with pg_conn.cursor() as cur:
         cur.execute(SETUP)
     env = _cli_env(pg_dsn, lakehouse, tmp_path / "dagster_home")
-    _dagster_job(env, "initial_snapshot")
+    lines: list[str] = []
+    _dagster_job(env, "initial_snapshot", lines)
+    # The process started the JVM while Dagster loaded the code and created the run: before
+    # the snapshot step began (issue 16; marks in order, from the step's own timeline).
+    timeline = [line.split("snapshot timeline (s from the step's start): ")[1]
+                for line in lines if "snapshot timeline" in line]
+    assert len(timeline) == 1, lines[-40:]
+    events = [item.rsplit(" ", 1)[0] for item in timeline[0].split(", ")]
+    events.remove("spark ready")  # whenever the JVM is up: before the step, or during it
+    assert events[:3] == ["spark start", "step start", "slot created"], timeline
     # A micro-batch without Spark work starts no JVM (issue 16): with no Java to start, it
     # would fail. Idle first, then a few changes (far under the silver Spark threshold).
     no_java = {**env, "JAVA_HOME": str(tmp_path / "no-java")}
