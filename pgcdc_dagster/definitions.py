@@ -9,7 +9,8 @@ origin, repository, job, run): the catalog is read each time, but the definition
 tables and settings are built once per process (:func:`_built`). At exit the objects left are
 frozen out of the garbage collector (:func:`_skip_exit_collection`): the interpreter's final
 collections would otherwise walk every object of Dagster and the capture once more, seconds
-under load, after the run has finished.
+under load, after the run has finished. While this module is imported the collector is paused,
+and what the import created is frozen out of its reach at the end (``startup.py``).
 
 A process started to execute ``initial_snapshot`` whose snapshot will read chunks starts the
 Spark JVM first thing, before the rest of this module's imports (``spark/prestart.py``): it
@@ -18,6 +19,9 @@ step (issue 16). Hence the imports after that call (E402 is ignored for this fil
 """
 
 from __future__ import annotations
+
+# First: no garbage collection during the imports, Arrow on jemalloc (startup.py).
+from pgcdc_dagster import startup  # isort: split
 
 import os
 import sys
@@ -203,3 +207,5 @@ def _skip_exit_collection() -> None:
 
 
 __all__ = ["CAPTURE_POOL", "build_definitions", "defs", "discover_capture", "discover_tables"]
+
+startup.settle()
