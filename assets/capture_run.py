@@ -42,6 +42,7 @@ from assets.capture import (
     skipped_metadata,
 )
 from assets.checks import evaluation, light_check_results
+from assets.event_storage import event_files_held
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
 from assets.run_ranges import CAPTURE_RUN
@@ -116,8 +117,16 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
            "into bronze (exactly once), merge the changed tables' silver, advance the slot; "
            "report materializations and light checks of the tables changed.")
     def capture_op(context: dg.OpExecutionContext, config: BronzeConfig,
-                postgres: PostgresResource, lakehouse: LakehouseResource,
-                capture: CaptureResource, spark: SparkResource) -> None:
+                   postgres: PostgresResource, lakehouse: LakehouseResource,
+                   capture: CaptureResource, spark: SparkResource) -> None:
+        # Four events per changed table: on the default SQLite instance, each costs half
+        # as much while the run's event files stay open (assets/event_storage.py).
+        with event_files_held(context.instance, context.run_id):
+            run_capture(context, config, postgres, lakehouse, capture, spark)
+
+    def run_capture(context: dg.OpExecutionContext, config: BronzeConfig,
+                    postgres: PostgresResource, lakehouse: LakehouseResource,
+                    capture: CaptureResource, spark: SparkResource) -> None:
         hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
         instance = context.instance
         cap = capture.settings(postgres.dsn, lakehouse.root)
