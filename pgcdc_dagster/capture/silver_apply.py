@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from pgcdc_dagster.capture.tables import TableContext
-from pgcdc_dagster.cdc.silver_batch import INPUT_COLUMNS, prepare_arrow
+from pgcdc_dagster.cdc.silver_batch import INPUT_COLUMNS, SOURCE_FIELDS, prepare_arrow
 from pgcdc_dagster.lake.bronze_read import count_rows, read_files
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
 from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files
@@ -78,8 +78,8 @@ def apply_silver(ctx: TableContext, spark: SparkLike,
         batch = prepare(session_of(spark), files, ctx.relation.key_names, ctx.toastable, read,
                         storage_options(ctx.bronze_uri))
     else:
-        batch = prepare_arrow(read_files(files, schema, INPUT_COLUMNS), ctx.relation.key_names,
-                              ctx.toastable)
+        batch = prepare_arrow(read_files(files, schema, INPUT_COLUMNS, SOURCE_FIELDS),
+                              ctx.relation.key_names, ctx.toastable)
     rows = batch.rows
     image = rows.column("image").combine_chunks()
     meta_cols = {name: rows.column(name).combine_chunks()

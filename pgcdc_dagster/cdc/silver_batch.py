@@ -26,6 +26,9 @@ import pyarrow.compute as pc
 INPUT_COLUMNS = ("key", "before", "after", "source", "op", "__commit_lsn", "__ordinal",
                  "__toast_unchanged")
 """The bronze columns the preparer reads."""
+SOURCE_FIELDS = {"source": ("lsn", "ts_ms")}
+"""The fields of the envelope's ``source`` the preparer uses (``__lsn``, ``__source_ts_ms``):
+the Arrow path reads only these (``lake/bronze_read.py``)."""
 OUTPUT_COLUMNS = ("image", "op", "__commit_lsn", "__ordinal", "__lsn", "__source_ts_ms",
                   "__toast_unchanged")
 
