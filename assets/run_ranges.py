@@ -72,7 +72,9 @@ def _ranges(by_run: Mapping[str, tuple[int, Any]], limit: int) -> list[RunRange]
 
 def _wiped(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey]) -> dict[dg.AssetKey, float]:
     """When each asset's history was last wiped (events up to then no longer count)."""
-    wiped = {}
+    wiped: dict[dg.AssetKey, float] = {}
+    if not keys:
+        return wiped
     for record in instance.get_asset_records(list(keys)):
         details = record.asset_entry.asset_details
         if details is not None and details.last_wipe_timestamp:
@@ -82,13 +84,12 @@ def _wiped(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey]) -> dict[dg
 
 def _recent_materializations(instance: dg.DagsterInstance, keys: Iterable[dg.AssetKey],
                              floor: int, limit: int
-                             ) -> dict[dg.AssetKey, list[tuple[int, str]]]:
+                             ) -> dict[dg.AssetKey, list[tuple[int, float, str]]]:
     """Each key's last ``limit`` materializations at or after ``floor``, newest first, as
-    (storage id, run id): projections of every asset's materializations, newest first, a
-    page at a time, until ``floor`` or the oldest."""
+    (storage id, timestamp, run id): projections of every asset's materializations, newest
+    first, a page at a time, until ``floor`` or the oldest."""
     wanted = set(keys)
-    wiped = _wiped(instance, sorted(wanted, key=str))
-    found: dict[dg.AssetKey, list[tuple[int, str]]] = defaultdict(list)
+    found: dict[dg.AssetKey, list[tuple[int, float, str]]] = defaultdict(list)
     before: int | None = None
     while True:
         page = instance.get_asset_event_summary_records(
@@ -97,9 +98,8 @@ def _recent_materializations(instance: dg.DagsterInstance, keys: Iterable[dg.Ass
             limit=SUMMARY_PAGE)
         for row in page:
             key = row.asset_key
-            if key in wanted and row.run_id is not None and len(found[key]) < limit and \
-                    row.timestamp > wiped.get(key, float("-inf")):
-                found[key].append((row.storage_id, row.run_id))
+            if key in wanted and row.run_id is not None and len(found[key]) < limit:
+                found[key].append((row.storage_id, row.timestamp, row.run_id))
         if len(page) < SUMMARY_PAGE:
             return found
         before = page[-1].storage_id
@@ -128,12 +128,15 @@ def table_runs(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey], limit:
     on_slot, floor = observed if observed is not None else slot_runs(instance, limit)
     recent = _recent_materializations(instance, keys, floor, limit) if keys else {}
     # A lean run's materializations repeat the range of its observation: their payloads are
-    # not needed. Newest first: a run that materialized a table twice counts its last.
+    # not needed, nor, when a table has no other, its wipe time.
+    others = {key: [r for r in rows if r[2] not in on_slot] for key, rows in recent.items()}
+    wiped = _wiped(instance, sorted((k for k, rows in others.items() if rows), key=str))
     extra: dict[dg.AssetKey, dict[str, int]] = {}
     for key in keys:
         runs: dict[str, int] = {}
-        for storage_id, run_id in recent.get(key, []):
-            if run_id not in on_slot:
+        for storage_id, timestamp, run_id in others.get(key, []):
+            # newest first: a run that materialized the table twice counts its last
+            if timestamp > wiped.get(key, float("-inf")):
                 runs.setdefault(run_id, storage_id)
         extra[key] = runs
     payloads = _payloads(instance, sorted({s for r in extra.values() for s in r.values()}))

@@ -35,8 +35,8 @@ from pgcdc_dagster.cdc.changes import TableChanges
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import PgCdcError, SlotInUseError
-from pgcdc_dagster.lake.delta import load_table, open_table
-from pgcdc_dagster.ops.table_facts import TableFacts, read_facts
+from pgcdc_dagster.lake.delta import load_table
+from pgcdc_dagster.ops.table_facts import TableFacts, read_facts, still_at
 from pgcdc_dagster.postgres.connection import connect, connection, redact
 from pgcdc_dagster.postgres.peek import peek_window
 from pgcdc_dagster.postgres.privileges import explain_error
@@ -297,10 +297,8 @@ def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, public
                            "retry")
         for ctx, report, _ in pending:
             report.silver_lsn = info.confirmed_flush_lsn
-            now_bronze, now_silver = open_table(ctx.bronze_uri), open_table(ctx.silver_uri)
-            if now_bronze is None or now_silver is None or \
-                    now_bronze.version() != report.bronze_version or \
-                    now_silver.version() != report.silver_version:
+            if not (still_at(ctx.bronze_uri, report.bronze_version)
+                    and still_at(ctx.silver_uri, report.silver_version)):
                 report.reason = ("bronze or silver changed during the check (a run was "
                                  "capturing); retry")
         pending = [p for p in pending if not p[1].reason]

@@ -15,9 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.lake.delta import committed_version, last_data_version, open_table
+from pgcdc_dagster.lake.storage import filesystem, join
 from pgcdc_dagster.ops.lsn_windows import BronzeCommit, capture_commits
 
 FACT_THREADS = 4
@@ -41,6 +43,20 @@ class TableFacts:
     silver_applied: int | None = None
     """Silver's app transaction: the bronze version it applied."""
     silver_schema: pa.Schema | None = None
+
+
+def still_at(uri: str, version: int | None) -> bool:
+    """True when the table's latest version is still ``version``: its commit file is there
+    and the next one is not (commits are numbered one by one). Two stats (HEADs on an object
+    store) instead of a log replay, for checking that nothing committed meanwhile."""
+    if version is None:
+        return False
+    fs, path = filesystem(uri)
+    log = join(path, "_delta_log")
+    current, following = fs.get_file_info([join(log, f"{version:020d}.json"),
+                                           join(log, f"{version + 1:020d}.json")])
+    return bool(current.type == pafs.FileType.File
+                and following.type == pafs.FileType.NotFound)
 
 
 def read_facts(ctx: TableContext, history_limit: int = 0) -> TableFacts:

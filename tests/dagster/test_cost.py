@@ -6,8 +6,11 @@ One scenario over two captures of the same database, 3 and 50 tables:
   materializations, two light checks);
 * an idle ``cdc_microbatch`` writes as many Dagster events for 50 captured tables as for 3
   (no per-table planned events, materializations or checks), and starts no Spark session;
-* the ``capture_checks`` sweep evaluates every check of every table (all pass) and opens as
-  many connections for 50 tables as for 3;
+* the ``capture_checks`` sweep evaluates every check of every table (all pass), opens as many
+  connections and runs as many instance queries for 50 tables as for 3, writes no planned
+  event and one event per check (nothing else per table), and the instance holds its results
+  as the checks' latest executions; a row deleted from one silver table and a column added to
+  another source table fail exactly those two checks;
 * a run that changes 2 of 50 tables reports bronze and silver materializations and light
   check evaluations of exactly those 2 tables (plus the slot's check and observation);
 * a table added later is snapshotted (with Spark) and everything converges: silver equals the
@@ -22,9 +25,12 @@ from collections.abc import Iterator
 import dagster as dg
 import psycopg2
 import pytest
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.dagster_run import DagsterRun
+from deltalake import DeltaTable
 
 from assets.capture_run import _silver_may_lag
+from assets.check_sweep import sweep_keys
 from assets.slot_hold import SLOT_LOCK_TAG
 from pgcdc_dagster.capture.snapshot import run_snapshot
 from pgcdc_dagster.definitions import build_definitions
@@ -33,6 +39,7 @@ from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.spark.lazy import LazySpark, local_parallelism
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from tests.support.compare import assert_silver_equals_source
+from tests.support.instance_reads import counting_instance_reads
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
 
@@ -188,15 +195,54 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
 
         # The full check sweep: every check of every table evaluates and passes (silver
         # equals the source), and the sweep opens as many connections for 50 tables as for
-        # 3 (one slot lock, one source snapshot and peek, one catalog read for all).
+        # 3 (one slot lock, one source snapshot and peek, one catalog read for all) and asks
+        # the instance as many queries (the runs' LSN ranges of all tables at once). Its
+        # events: no planned event, one evaluation per check, nothing else per table.
         opened: dict[str, int] = {}
+        reads: dict[str, int] = {}
+        sweeps: dict[str, dg.ExecuteInProcessResult] = {}
         for schema, n in sizes.items():
-            with _counting_connections() as count:
-                sweep = _run(defs[schema], instances[schema], "capture_checks")
-            opened[schema] = count[0]
+            with _counting_connections() as count, counting_instance_reads() as selects:
+                sweep = sweeps[schema] = _run(defs[schema], instances[schema],
+                                              "capture_checks")
+            opened[schema], reads[schema] = count[0], selects[0]
             checked = _checked(sweep)
             assert len(checked) == 3 * n + 1 and all(checked.values()), checked
+            assert _planned(instances[schema], sweep.run_id) == 0
+            events[f"sweep {schema}"] = len(instances[schema].get_records_for_run(
+                sweep.run_id, limit=10_000).records)
         assert opened["cost_a"] == opened["cost_b"], opened
+        assert reads["cost_a"] == reads["cost_b"], reads
+        assert events["sweep cost_b"] - events["sweep cost_a"] == 3 * (50 - 3), events
+        # The instance holds them as the checks' latest executions (the UI's Checks tab).
+        keys = sweep_keys([("cost_b", f"t{i}") for i in range(50)])
+        latest = inst_b.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+        assert {k: (r.run_id, r.status) for k, r in latest.items()} == {
+            k: (sweeps["cost_b"].run_id, AssetCheckExecutionRecordStatus.SUCCEEDED)
+            for k in keys}
+
+        # Diverged by hand: a row deleted from t5's silver, a column added to t6 at the
+        # source. Exactly those two checks fail, with what differs.
+        root_b = str(tmp_path / "cost_b")
+        DeltaTable(table_uri(root_b, "silver", "cost_b", "t5")).delete("id = 2")
+        with pg_conn.cursor() as cur:
+            cur.execute("ALTER TABLE cost_b.t6 ADD COLUMN extra int")
+        diverged = _run(defs["cost_b"], inst_b, "capture_checks")
+        found = {f"{'/'.join(e.asset_key.path)}:{e.check_name}": e
+                 for e in diverged.get_asset_check_evaluations()}
+        assert len(found) == 3 * 50 + 1
+        assert {k for k, e in found.items() if not e.passed} == {
+            "silver/cost_b/t5:matches_source", "silver/cost_b/t6:schema_matches_source"}
+        lost = found["silver/cost_b/t5:matches_source"]
+        assert lost.severity == dg.AssetCheckSeverity.ERROR
+        assert lost.metadata["missing_in_silver"].value == "(2,)"
+        assert (lost.metadata["source_rows"].value, lost.metadata["silver_rows"].value) == (5, 4)
+        added = found["silver/cost_b/t6:schema_matches_source"]
+        assert added.severity == dg.AssetCheckSeverity.WARN
+        assert added.metadata["added"].value == "extra"
+        failed = inst_b.event_log_storage.get_latest_asset_check_execution_by_key(
+            [dg.AssetCheckKey(dg.AssetKey(["silver", "cost_b", "t5"]), "matches_source")])
+        assert [r.status for r in failed.values()] == [AssetCheckExecutionRecordStatus.FAILED]
 
         # Busy: t1 and t7 change; the other 48 stay idle.
         with pg_conn.cursor() as cur:
