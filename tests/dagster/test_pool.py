@@ -96,30 +96,47 @@ def _decorator(node: ast.expr) -> tuple[str | None, bool]:
     return name, pooled
 
 
-def _calls(function: ast.AST) -> set[str]:
+def _calls(function: ast.AST, siblings: dict[str, ast.FunctionDef] | None = None,
+           seen: set[str] | None = None) -> set[str]:
+    """Names the function calls, and those its sibling functions (defined beside it, e.g. the
+    op body a decorated op delegates to) call when it calls them."""
     names = set()
     for node in ast.walk(function):
         if isinstance(node, ast.Call):
             func = node.func
             names.add(func.attr if isinstance(func, ast.Attribute) else
                       func.id if isinstance(func, ast.Name) else "")
+    seen = seen if seen is not None else set()
+    for name in sorted(names & set(siblings or {}) - seen):
+        seen.add(name)
+        names |= _calls((siblings or {})[name], siblings, seen)
     return names
+
+
+def _functions(tree: ast.AST) -> list[tuple[ast.FunctionDef, dict[str, ast.FunctionDef]]]:
+    """Every function with the functions defined beside it (same enclosing body)."""
+    out = []
+    for parent in ast.walk(tree):
+        body = getattr(parent, "body", None)
+        if not isinstance(body, list):
+            continue
+        defs = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
+        out.extend((node, defs) for node in defs.values())
+    return out
 
 
 def test_assets_source_pools_exactly_the_slot_readers() -> None:
     seen: dict[str, tuple[bool, bool]] = {}
     for path in sorted(ASSETS.glob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.FunctionDef):
-                continue
+        for node, siblings in _functions(tree):
             for deco in node.decorator_list:
                 kind, pooled = _decorator(deco)
                 if kind is None:
                     continue
-                reads = bool(_calls(node) & SLOT_ENTRY_POINTS)
+                reads = bool(_calls(node, siblings) & SLOT_ENTRY_POINTS)
                 seen[f"{path.name}:{node.name}"] = (reads, pooled)
-    assert {"capture.py:bronze", "capture_run.py:capture_op",
+    assert {"capture.py:bronze", "capture_run.py:capture_op", "check_sweep.py:check_sweep",
             "incremental.py:incremental_snapshot"} <= set(seen)
     wrong = {name: state for name, state in seen.items()
              if state[1] != (state[0] or name == "checks.py:bronze_lsn_windows")}
