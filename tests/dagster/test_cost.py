@@ -185,13 +185,14 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
         # workers; a query per table would add 47): the few that differ belong to the
         # stream step after it (a slot advance when WAL is pending). It writes four Dagster
         # events per table, its bronze and silver materializations and its two light
-        # checks; the run's other events (log lines included) do not grow with the tables.
+        # checks; the run's other events do not follow the tables (log lines come per
+        # batch of commits: far fewer than one per four tables).
         assert statements["cost_b"] <= statements["cost_a"] + 10, statements
         extra = {kind: snap_events["cost_b"].get(kind, 0) - snap_events["cost_a"].get(kind, 0)
                  for kind in {*snap_events["cost_a"], *snap_events["cost_b"]}}
         assert extra.pop("ASSET_MATERIALIZATION") == 2 * (50 - 3), snap_events
         assert extra.pop("ASSET_CHECK_EVALUATION") == 2 * (50 - 3), snap_events
-        assert sum(extra.values()) <= 3, snap_events
+        assert sum(extra.values()) < (50 - 3) // 4, snap_events
 
         # The full check sweep: every check of every table evaluates and passes (silver
         # equals the source), and the sweep opens as many connections for 50 tables as for
