@@ -57,8 +57,9 @@ _FORBIDDEN = ("io.delta.sql.DeltaSparkSessionExtension",
 
 def session_settings(master: str, conf: Mapping[str, str] | None = None,
                      driver_memory: str | None = None, *,
-                     quick_start: bool = False) -> dict[str, str]:
-    """The Spark settings :func:`build_session` gives the session (see its arguments)."""
+                     quick_start: bool = False, java_options: str = "") -> dict[str, str]:
+    """The Spark settings :func:`build_session` gives the session (see its arguments);
+    ``java_options``: driver JVM options of this project's own (the class archive's)."""
     settings = dict(REQUIRED_CONF)
     if not master.startswith("local"):
         settings.pop("spark.driver.bindAddress")
@@ -69,16 +70,18 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None,
         if any(f in value for f in _FORBIDDEN):
             raise ValueError(f"{key}={value}: Delta Spark classes are not used; delta-rs commits")
         settings[key] = value
-    if quick_start:
+    ours = " ".join(o for o in (QUICK_START_JAVA_OPTIONS if quick_start else "", java_options)
+                    if o)
+    if ours:
         given = settings.get("spark.driver.extraJavaOptions", "")
-        settings["spark.driver.extraJavaOptions"] = f"{QUICK_START_JAVA_OPTIONS} {given}".strip()
+        settings["spark.driver.extraJavaOptions"] = f"{ours} {given}".strip()
     return settings
 
 
 def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
                   conf: Mapping[str, str] | None = None,
                   driver_memory: str | None = None, *,
-                  quick_start: bool = False) -> SparkSession:
+                  quick_start: bool = False, class_archive: bool = True) -> SparkSession:
     """Create (or reuse) the Spark session.
 
     Args:
@@ -88,6 +91,8 @@ def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
         driver_memory: ``spark.driver.memory`` (only effective for a new JVM).
         quick_start: a new driver JVM gets :data:`QUICK_START_JAVA_OPTIONS` (the session
             is for Python tasks, e.g. snapshot chunks).
+        class_archive: a new driver JVM maps the class archive when there is one
+            (``spark/class_archive.py``).
     """
     from pyspark.sql import SparkSession
 
@@ -96,8 +101,11 @@ def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in session_settings(master, conf, driver_memory,
-                                       quick_start=quick_start).items():
+    from pgcdc_dagster.spark.class_archive import java_options
+
+    archive = java_options() if class_archive else ""
+    for key, value in session_settings(master, conf, driver_memory, quick_start=quick_start,
+                                       java_options=archive).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
