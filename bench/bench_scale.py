@@ -11,7 +11,8 @@ tables (default 1000) of ``--rows`` rows each, are measured in the same run:
   (target ≤ 1.5);
 * the ``capture_checks`` sweep (every check of every table, silver against the source
   included): its seconds for the large capture (target: seconds, not minutes) and large ÷
-  small (``--no-checks`` skips it).
+  small (``--no-checks`` skips it; ``--checks-only`` measures the snapshot and the sweep
+  only, and prints the sweep's events and its seconds per phase).
 
 The machine is shared: compare the ratios, not the seconds. Each run's CPU seconds (the
 process and its children: the Spark JVM and Python workers) are printed next to its wall time,
@@ -79,6 +80,7 @@ class Capture:
                  ) -> None:
         self.schema = schema
         self.profile = profile
+        self.output = ""
         self.home = home = root / f"home_{schema}"
         home.mkdir(parents=True)
         (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -102,6 +104,7 @@ class Capture:
             [*cli, "job", "execute", "-m", "pgcdc_dagster.definitions", "-j", job],
             env=self.env, cwd=ROOT, capture_output=True, text=True)
         seconds = time.perf_counter() - started
+        self.output = proc.stdout + proc.stderr
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0 or "RUN_SUCCESS" not in proc.stdout + proc.stderr:
             sys.exit(f"{job} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -152,6 +155,14 @@ def main() -> None:
             snap_events = capture.events()
             if args.checks_only:
                 figures[name]["capture_checks (full sweep)"] = capture.run("capture_checks")
+                sweep_events = capture.events()
+                print(f"  capture_checks events: {sum(sweep_events.values())} "
+                      f"({sum(sweep_events.values()) / sizes[name]:.1f} per table): "
+                      + ", ".join(f"{k} {v}" for k, v in sorted(sweep_events.items())),
+                      flush=True)
+                for line in capture.output.splitlines():  # the sweep's seconds per phase
+                    if "check evaluations of" in line:
+                        print("  " + line.split(" - ")[-1], flush=True)
             elif not args.snapshot_only:
                 figures[name]["idle cdc_microbatch"] = capture.run("cdc_microbatch")
                 update(cluster.dsn, name, 3, args.updates)

@@ -234,6 +234,17 @@ def test_schema_drift_is_reported(capture, pg_conn) -> None:
     # Columns both sides have are still compared.
     assert evaluations["silver/public/items:matches_source"].passed
 
+    # On demand (the UI's Execute on one check): the check definition runs alone.
+    key = dg.AssetCheckKey(dg.AssetKey(["silver", "public", "items"]), "matches_source")
+    alone = definitions.resolve_implicit_global_asset_job_def().get_subset(
+        asset_selection=set(), asset_check_selection={key}).execute_in_process(
+        instance=instance)
+    assert alone.success
+    [one] = alone.get_asset_check_evaluations()
+    assert (one.asset_key, one.check_name, one.passed) == (key.asset_key, key.name, True)
+    assert one.metadata["compared"].value is True
+    assert one.metadata["columns_not_compared"].value == "note"
+
 
 def test_slot_health_check_fails_without_a_slot(capture) -> None:
     definitions, instance, _ = capture
