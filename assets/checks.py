@@ -94,8 +94,9 @@ RunContexts = tuple[dict[tuple[str, str], TableContext], dict[tuple[str, str], S
 """The captured tables' contexts and the matched tables left out (with why)."""
 
 _RUN_CONTEXTS: dict[str, RunContexts] = {}
-"""The contexts of the run in progress: the check steps of one sweep (``capture_checks`` runs
-them in one process) load them once, not once per step."""
+"""The contexts of the run in progress: the check steps of one run of the check definitions
+(the UI's *Execute* of several checks, ``capture_assets``' light checks; ``capture_checks`` is
+one op of its own, ``check_sweep.py``) load them once, not once per step."""
 
 
 def _run_contexts(run_id: str, settings: CaptureSettings) -> RunContexts:
