@@ -190,7 +190,8 @@ def whole_process(job: WholeProcess) -> tuple[float, int, list[str]]:
         f"run start -> capture step {step_start - run_start:.2f} s",
         f"snapshot step (s from its start, the step began at {step_start:.2f} s): {timeline}",
         f"step end (events, checks) -> run success {run_end - step_end:.2f} s, "
-        f"-> process exit {seconds - run_end:.2f} s (nan: a Dagster line not found)",
+        f"-> process exit {seconds - run_end:.2f} s"
+        + (" (nan: a Dagster line not found)" if step_end != step_end else ""),
     ]
     return seconds, rss[-1] if rss else 0, breakdown
 
