@@ -5,10 +5,16 @@ runs (bronze + silver, the project's runner) each follow a mix of writes on ever
 updates of random keys, updates of the newest keys, inserts of new keys, deletes. Every
 ``--upkeep-every`` runs the silver_maintenance upkeep (compaction, vacuum, checkpoint) runs
 on every table. Per run it prints (and writes to ``--csv``): seconds, CPU seconds (this
-process, Spark's JVM and PostgreSQL: the run's work whatever the machine's load), bytes
-written to bronze and silver, the most files any bronze / silver table has, the process's
-RSS and Arrow's allocated bytes, the slot's lag, the time DuckDB takes to read the large
-table's silver (the Parquet files delta-rs lists) and the load average. At the end the
+process, Spark's JVM and PostgreSQL, exited children included; in the CSV also apart: this
+process and its children, this process alone, PostgreSQL), bytes written to bronze and
+silver, the most files any bronze / silver table has, the process's RSS and the bytes
+allocated in all of Arrow's memory pools, the slot's lag, the time DuckDB takes to read the
+large table's silver (the Parquet files delta-rs lists), the log a reader of the large
+table's bronze / silver reads (latest checkpoint and the JSON commits after it, KB), the
+Delta table opens of the run and their CPU time, and the load average. Arrow's pool is the
+one the Dagster code location sets (``--arrow-pool``); ``--malloc-trim`` returns freed memory
+to the OS after each run (to tell retained from live memory); ``--profile`` writes cProfile
+stats of the first and last 10 % of runs (the calling thread only). At the end the
 capture catches up and every silver table is compared with its source (convergence), and
 the issue's ratios are printed:
 
@@ -21,7 +27,8 @@ Bounded time (not in CI): the defaults take a few minutes on 2 cores.
 
     .venv/bin/python bench/bench_soak.py [--runs 60] [--upkeep-every 10]
         [--large-rows 1000000] [--small-rows 20000] [--target-file-bytes 1048576]
-        [--large-scale 10] [--csv runs.csv]
+        [--large-scale 10] [--csv runs.csv] [--arrow-pool deployed|default]
+        [--malloc-trim] [--profile PREFIX]
 """
 
 from __future__ import annotations
@@ -36,8 +43,10 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import psycopg2
@@ -47,6 +56,8 @@ from deltalake import DeltaTable
 
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.lake import delta
+from pgcdc_dagster.lake.memory import use_returning_pool
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.delta_stats import growth, table_stats
 from pgcdc_dagster.ops.upkeep import upkeep_table
@@ -68,7 +79,9 @@ def rss_mb() -> float:
 
 
 def _tree_cpu(roots: set[int]) -> float:
-    """CPU seconds (user + system) of the live processes under ``roots``, roots included."""
+    """CPU seconds (user + system) of the live processes under ``roots``, roots included,
+    with their exited and reaped children's (``cutime``/``cstime``: a backend of a
+    connection closed during the run, an autovacuum worker)."""
     parents: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -80,7 +93,7 @@ def _tree_cpu(roots: set[int]) -> float:
         except OSError:
             continue
         parents[int(entry)] = int(fields[1])
-        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+        ticks[int(entry)] = sum(int(f) for f in fields[11:15])
     inside = set(roots)
     changed = True
     while changed:
@@ -90,16 +103,27 @@ def _tree_cpu(roots: set[int]) -> float:
     return sum(ticks.get(pid, 0) for pid in inside) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_s(cluster: LocalCluster) -> float:
-    """CPU seconds used so far by this process, its children (Spark's JVM) and PostgreSQL
-    (the postmaster and its backends: logical decoding): the run's work, whatever the
-    machine's load (wall time is not, on a shared machine)."""
-    roots = {os.getpid()}
+def own_cpu_s() -> float:
+    """CPU seconds of this process alone (not Spark's JVM)."""
+    times = os.times()
+    return times.user + times.system
+
+
+def cpu_s(cluster: LocalCluster) -> tuple[float, float]:
+    """CPU seconds used so far by this process and its children (Spark's JVM), and by
+    PostgreSQL (the postmaster and its processes: logical decoding, but also autovacuum of
+    the source tables): the run's work, whatever the machine's load (wall time is not, on a
+    shared machine)."""
     try:
-        roots.add(int((cluster.data_dir / "postmaster.pid").read_text().split()[0]))
+        postmaster = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        pass
-    return _tree_cpu(roots)
+        return _tree_cpu({os.getpid()}), 0.0
+    return _tree_cpu({os.getpid()}), _tree_cpu({postmaster})
+
+
+def ratio(values: list[float], tenth: int) -> float:
+    """Median of the last ``tenth`` values over the median of the first ``tenth``."""
+    return statistics.median(values[-tenth:]) / max(statistics.median(values[:tenth]), 1e-9)
 
 
 def slot_lag(cur: psycopg2.extensions.cursor, slot: str) -> int:
@@ -135,6 +159,37 @@ def log_kb(uri: str) -> float:
                 (version > last and f.name.endswith(".json")):
             total += f.stat().st_size
     return total / 1024
+
+
+def arrow_pools() -> list[pa.MemoryPool]:
+    """Every Arrow memory pool of the process: the Python default is not necessarily the
+    C++ code's (``pa.set_memory_pool`` changes only the former)."""
+    pools = [pa.default_memory_pool()]
+    for make in (pa.mimalloc_memory_pool, pa.jemalloc_memory_pool, pa.system_memory_pool):
+        try:
+            pool = make()
+        except NotImplementedError:
+            continue
+        if pool.backend_name not in {p.backend_name for p in pools}:
+            pools.append(pool)
+    return pools
+
+
+class _Opens:
+    """Delta table opens (log replays) of the project's code and their thread CPU time."""
+
+    count = 0
+    cpu_s = 0.0
+    lock = threading.Lock()
+
+
+class _CountedTable(DeltaTable):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        started = time.thread_time()
+        super().__init__(*args, **kwargs)
+        with _Opens.lock:
+            _Opens.count += 1
+            _Opens.cpu_s += time.thread_time() - started
 
 
 def write_mix(cur: psycopg2.extensions.cursor, rng: random.Random, top: dict[str, int],
@@ -187,7 +242,15 @@ def main() -> None:
                              "malloc_trim, Arrow's pool) before RSS is measured")
     parser.add_argument("--profile", help="write cProfile stats of the first and last 10 %% "
                                           "of runs' micro-batches to PROFILE-first/-last")
+    parser.add_argument("--arrow-pool", choices=("deployed", "default"), default="deployed",
+                        help="Arrow's memory pool: the one the Dagster code location sets "
+                             "(jemalloc returning freed pages, lake/memory.py), or pyarrow's "
+                             "default (mimalloc)")
     args = parser.parse_args()
+    delta.DeltaTable = _CountedTable  # type: ignore[misc]  # every open of the project's code
+    if args.arrow_pool == "deployed":
+        use_returning_pool()
+    print(f"Arrow memory pool: {pa.default_memory_pool().backend_name}")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-soak-"))
     cluster = LocalCluster(root / "pg").start()
@@ -217,16 +280,20 @@ def main() -> None:
         rng = random.Random(17)
         seconds: list[float] = []
         cpu: list[float] = []
+        cpu_ours: list[float] = []
+        cpu_pg: list[float] = []
+        cpu_own: list[float] = []
         loads: list[float] = []
         reads: list[float] = []
         after_upkeep: list[float] = []
         silver_files: list[int] = []
         print("run  seconds  cpu_s  bronze_MB  silver_MB  max_files(b/s)  rss_MB  arrow_MB  "
-              "slot_lag_B  duckdb_s  log_KB(b/s)  load1  upkeep")
+              "slot_lag_B  duckdb_s  log_KB(b/s)  opens(ms)  load1  upkeep")
         log = open(args.csv, "w", encoding="utf-8") if args.csv else None
         if log:
-            log.write("run,seconds,cpu_s,bronze_bytes,silver_bytes,bronze_files,silver_files,"
-                      "rss_mb,arrow_mb,slot_lag_bytes,duckdb_s,bronze_log_kb,silver_log_kb,load1,"
+            log.write("run,seconds,cpu_s,cpu_ours_s,cpu_python_s,cpu_pg_s,bronze_bytes,silver_bytes,bronze_files,silver_files,"
+                      "rss_mb,arrow_mb,slot_lag_bytes,duckdb_s,bronze_log_kb,silver_log_kb,opens,"
+                      "opens_cpu_ms,load1,"
                       "upkeep_s,upkeep_bytes\n")
         profiler = cProfile.Profile()
         for run in range(1, args.runs + 1):
@@ -236,7 +303,8 @@ def main() -> None:
             profiled = args.profile and (run <= tenth or run > args.runs - tenth)
             if profiled:
                 profiler.enable()
-            started, cpu_started = time.perf_counter(), cpu_s(cluster)
+            started, cpu_started, own_started = time.perf_counter(), cpu_s(cluster), own_cpu_s()
+            opens = (_Opens.count, _Opens.cpu_s)
             run_bronze(settings, spark, force_snapshot_step=False)
             run_silver(settings, spark)
             if profiled:
@@ -246,7 +314,12 @@ def main() -> None:
                     profiler.dump_stats(f"{args.profile}-{name}")
                     profiler = cProfile.Profile()
             seconds.append(time.perf_counter() - started)
-            cpu.append(cpu_s(cluster) - cpu_started)
+            cpu_now = cpu_s(cluster)
+            cpu_own.append(own_cpu_s() - own_started)
+            cpu_ours.append(cpu_now[0] - cpu_started[0])
+            cpu_pg.append(cpu_now[1] - cpu_started[1])
+            cpu.append(cpu_ours[-1] + cpu_pg[-1])
+            opened = (_Opens.count - opens[0], (_Opens.cpu_s - opens[1]) * 1000)
             after = {layer: layer_stats(lake, layer) for layer in ("bronze", "silver")}
             written = {layer: sum(growth(before[layer][t], after[layer][t],  # type: ignore[arg-type]
                                          table_uri(lake, layer, "public", t)).bytes
@@ -268,21 +341,26 @@ def main() -> None:
             silver_files.append(files["silver"])
             if args.malloc_trim:
                 ctypes.CDLL("libc.so.6").malloc_trim(0)
-                pa.default_memory_pool().release_unused()
+                for pool in arrow_pools():
+                    pool.release_unused()
             load1, lag, rss = os.getloadavg()[0], slot_lag(cur, "soak"), rss_mb()
             loads.append(load1)
-            arrow = pa.total_allocated_bytes() / 1e6
+            arrow = sum(pool.bytes_allocated() for pool in arrow_pools()) / 1e6
             logs = {layer: log_kb(table_uri(lake, layer, "public", "t0"))
                     for layer in ("bronze", "silver")}
             print(f"{run:3d}  {seconds[-1]:7.2f}  {cpu[-1]:5.2f}  {written['bronze'] / 1e6:9.2f}  "
                   f"{written['silver'] / 1e6:9.2f}  {files['bronze']:5d}/{files['silver']:<5d}  "
                   f"{rss:7.0f}  {arrow:8.1f}  {lag:10d}  {reads[-1]:8.3f}  "
-                  f"{logs['bronze']:5.0f}/{logs['silver']:<5.0f}  {load1:5.2f}  {note}",
+                  f"{logs['bronze']:5.0f}/{logs['silver']:<5.0f}  "
+                  f"{opened[0]:4d}({opened[1]:4.0f})  {load1:5.2f}  {note}",
                   flush=True)
             if log:
-                log.write(f"{run},{seconds[-1]:.3f},{cpu[-1]:.3f},{written['bronze']},"
+                log.write(f"{run},{seconds[-1]:.3f},{cpu[-1]:.3f},{cpu_ours[-1]:.3f},"
+                          f"{cpu_own[-1]:.3f},"
+                          f"{cpu_pg[-1]:.3f},{written['bronze']},"
                           f"{written['silver']},{files['bronze']},{files['silver']},{rss:.0f},"
                           f"{arrow:.1f},{lag},{reads[-1]:.4f},{logs['bronze']:.1f},{logs['silver']:.1f},"
+                          f"{opened[0]},{opened[1]:.1f},"
                           f"{load1:.2f},{u_seconds:.2f},"
                           f"{rewritten}\n")
                 log.flush()
@@ -302,7 +380,9 @@ def main() -> None:
         print(f"ratio last/first 10 % of runs (seconds, medians): {last / first:.2f} "
               f"(target <= 1.2; load average {l_first:.1f} -> {l_last:.1f})")
         print(f"ratio last/first 10 % of runs (CPU seconds of this process, Spark's JVM and "
-              f"PostgreSQL, medians): {c_last / c_first:.2f}")
+              f"PostgreSQL, medians): {c_last / c_first:.2f} (this process and Spark "
+              f"{ratio(cpu_ours, tenth):.2f}, of which this process {ratio(cpu_own, tenth):.2f}; "
+              f"PostgreSQL {ratio(cpu_pg, tenth):.2f})")
         print(f"most files in a silver table: {max(silver_files)} (bound {bound}: large "
               f"table {size / 1e6:.0f} MB / target + 2 x runs between upkeeps + 10)")
         if after_upkeep:

@@ -18,8 +18,9 @@
 * Whether silver's files are already clustered (disjoint key ranges) is decided on their
   exact first-key bounds: a string statistic cut to its first 32 characters
   (``lake/file_stats.py``) makes files whose keys share a longer prefix look overlapping, so
-  such bounds are read from the files' Parquet footers (which keep whole values) or, without
-  footer statistics, from the key column itself. A second compaction of unchanged data then
+  the bounds of files that look overlapping with such cut statistics are read from the
+  files' Parquet footers (which keep whole values) or, without footer statistics, from the
+  key column itself. A second compaction of unchanged data then
   rewrites nothing.
 * Bronze is compacted only among the files silver has already applied (present at the
   bronze version silver's app transaction records), in commit order, and the compacted
@@ -92,6 +93,24 @@ class CompactionResult:
     """Groups left for the next run because a concurrent commit removed one of their files."""
 
 
+def key_components(files: Sequence[StoredFile], *, merge_overlaps: bool = True
+                   ) -> list[list[StoredFile]]:
+    """The files with first-key statistics in key order, those whose ranges overlap
+    (transitively) together."""
+    ranged = sorted((f for f in files if f.rows != 0 and f.low is not None
+                     and f.high is not None), key=lambda f: (f.low, f.high))
+    components: list[list[StoredFile]] = []
+    high: Any = None
+    for f in ranged:
+        if merge_overlaps and components and f.low <= high:
+            components[-1].append(f)
+            high = max(high, f.high)
+        else:
+            components.append([f])
+            high = f.high
+    return components
+
+
 def compaction_groups(files: Sequence[StoredFile], target_bytes: int, *,
                       repair_overlaps: bool,
                       max_group_bytes: int = MAX_GROUP_BYTES) -> list[list[StoredFile]]:
@@ -99,17 +118,7 @@ def compaction_groups(files: Sequence[StoredFile], target_bytes: int, *,
 
     Files without statistics for the first key are binned in log order after the others.
     """
-    ranged = sorted((f for f in files if f.rows != 0 and f.low is not None
-                     and f.high is not None), key=lambda f: (f.low, f.high))
-    components: list[list[StoredFile]] = []
-    high: Any = None
-    for f in ranged:
-        if repair_overlaps and components and f.low <= high:
-            components[-1].append(f)
-            high = max(high, f.high)
-        else:
-            components.append([f])
-            high = f.high
+    components = key_components(files, merge_overlaps=repair_overlaps)
     components += [[f] for f in files if f.rows != 0 and (f.low is None or f.high is None)]
     small = target_bytes * SMALL_FRACTION
     groups: list[list[StoredFile]] = []
@@ -151,8 +160,11 @@ def compact(uri: str, keys: Sequence[str], target_bytes: int, *,
     if eligible is not None:
         files = [f for f in files if f.path in eligible]
     schema = pa.schema(table.schema().to_arrow())
-    if repair_overlaps:
-        files = [exact_bounds(uri, f, keys[0], schema) if cut_bounds(f) else f for f in files]
+    if repair_overlaps:  # exact bounds where cut statistics make files look overlapping
+        suspects = {f.path for comp in key_components(files) if len(comp) > 1
+                    and any(cut_bounds(f) for f in comp) for f in comp}
+        files = [exact_bounds(uri, f, keys[0], schema) if f.path in suspects else f
+                 for f in files]
     per_file = rows_per_file(target_bytes, bytes_per_row(files))
     for group in compaction_groups(files, target_bytes, repair_overlaps=repair_overlaps):
         data = pa.concat_tables([read_file(uri, f.path, schema) for f in group])

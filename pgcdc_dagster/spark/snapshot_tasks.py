@@ -312,9 +312,9 @@ class _ClusteredOutput:
     each sorted by key, like compaction's (``lake/data_files.write_clustered``).
 
     The chunk is read in key order (``chunk_query(ordered=True)``), so consecutive files hold
-    consecutive key ranges; a row group that is not (a key whose PostgreSQL order is not
-    silver's, e.g. an enum) is sorted, and the files' ranges may then overlap, which upkeep's
-    compaction repairs. Rows per file come from the first rows' encoded size, then from the
+    consecutive key ranges; rows that are not (a key whose PostgreSQL order is not silver's,
+    e.g. an enum) are sorted file by file, and the files' ranges may then overlap, which
+    upkeep's compaction repairs. Rows per file come from the first rows' encoded size, then from the
     files written. Up to 1.5 files of rows are held (a chunk's last file takes the remainder
     up to 1.5 times the target, so no file but a small chunk's is below half the target).
     """
@@ -335,7 +335,6 @@ class _ClusteredOutput:
         self.files: list[SnapshotFile] = []
 
     def write(self, table: pa.Table) -> None:
-        table = _key_sorted(table, self.keys)
         if not self.rows_per_file:
             self.rows_per_file = self._estimate(table)
         self.pending.append(table)
@@ -358,6 +357,7 @@ class _ClusteredOutput:
         return max(1, int(self.target_bytes / max(per_row, 1e-3)))
 
     def _write_file(self, data: pa.Table) -> None:
+        data = _key_sorted(data, self.keys)
         name = f"{self.stem}-{len(self.files):04d}.parquet"
         path = f"{self.base}/{name}"
         collector: list[pq.FileMetaData] = []
