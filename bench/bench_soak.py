@@ -11,8 +11,8 @@ silver, the most files any bronze / silver table has, the process's RSS and the 
 allocated in all of Arrow's memory pools, the slot's lag, the time DuckDB takes to read the
 large table's silver (the Parquet files delta-rs lists), the log a reader of the large
 table's bronze / silver reads (latest checkpoint and the JSON commits after it, KB), the
-Delta table opens of the run and their CPU time, and the load average. Arrow's pool is the
-one the Dagster code location sets (``--arrow-pool``); ``--malloc-trim`` returns freed memory
+Delta table opens of the run and their CPU time, and the load average. Arrow's pools are
+the ones the Dagster code location sets (``--arrow-pool``); ``--malloc-trim`` returns freed memory
 to the OS after each run (to tell retained from live memory); ``--profile`` writes cProfile
 stats of the first and last 10 % of runs (the calling thread only). At the end the
 capture catches up and every silver table is compared with its source (convergence), and
@@ -33,15 +33,20 @@ Bounded time (not in CI): the defaults take a few minutes on 2 cores.
 
 from __future__ import annotations
 
+import os
+import sys
+
+if not {"default", "--arrow-pool=default"} & set(sys.argv[1:]):
+    # As pgcdc_dagster/startup.py: Arrow's C++ default pool is chosen when pyarrow loads.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+
 import argparse
 import cProfile
 import ctypes
 import json
-import os
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -243,9 +248,10 @@ def main() -> None:
     parser.add_argument("--profile", help="write cProfile stats of the first and last 10 %% "
                                           "of runs' micro-batches to PROFILE-first/-last")
     parser.add_argument("--arrow-pool", choices=("deployed", "default"), default="deployed",
-                        help="Arrow's memory pool: the one the Dagster code location sets "
-                             "(jemalloc returning freed pages, lake/memory.py), or pyarrow's "
-                             "default (mimalloc)")
+                        help="Arrow's memory pools: the ones the Dagster code location sets "
+                             "(jemalloc for Arrow's C++ code, ARROW_DEFAULT_MEMORY_POOL, and "
+                             "for Python's calls, returning freed pages: lake/memory.py), or "
+                             "pyarrow's defaults (mimalloc)")
     args = parser.parse_args()
     delta.DeltaTable = _CountedTable  # type: ignore[misc]  # every open of the project's code
     if args.arrow_pool == "deployed":
