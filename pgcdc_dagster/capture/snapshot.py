@@ -6,13 +6,14 @@ READ ONLY transaction; ``snapshot_modes`` explains where that point comes from (
 or a temporary slot next to the existing one) and why resuming at a later point is exact.
 
 Parallel and bounded: tables are split into key ranges (CTID ranges without a key), each
-chunk is a Spark task that COPYs its range and writes one bronze and one silver Parquet file
-(``spark/snapshot_tasks.py``); chunks of small tables share a task. The driver records the
-finished chunks in the progress table (``snapshot_state``; one append per batch of results)
-and, once all chunks of a table are in, commits the table through delta-rs: one bronze append
-(``op = r`` events; the table's offset = the smallest point its chunks were read at) and one
-silver **overwrite**, so a re-snapshot replaces silver and never merges over it (keys deleted
-in between cannot survive as phantom rows). Tables finished together are committed by a few
+chunk is a Spark task that COPYs its range (in key order) and writes one bronze Parquet file
+and silver files of the target size, sorted by key (``spark/snapshot_tasks.py``); chunks
+of small tables share a task. The driver records the finished chunks in the progress table
+(``snapshot_state``; one append per batch of results) and, once all chunks of a table are
+in, commits the table through delta-rs: one bronze append (``op = r`` events; the table's
+offset = the smallest point its chunks were read at) and one silver **overwrite**, so a
+re-snapshot replaces silver and never merges over it (keys deleted in between cannot survive
+as phantom rows). Tables finished together are committed by a few
 threads at once and recorded with one append (issue 16: a thousand small tables cost little
 more per table than their commits).
 """

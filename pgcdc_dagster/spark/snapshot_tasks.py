@@ -1,5 +1,6 @@
 """Snapshot chunks as Spark tasks: each task COPYs one chunk inside an exported snapshot and
-writes one bronze and one silver Parquet file straight into the Delta table directories.
+writes one bronze Parquet file and the silver files (clustered by key at the target file
+size, :class:`_ClusteredOutput`) straight into the Delta table directories.
 
 A chunk is read with binary COPY (``binary``, the default: columns decoded with numpy, see
 :mod:`pgcdc_dagster.capture.snapshot_binary`) or text COPY (CSV parsing); either way it is
