@@ -108,5 +108,11 @@ def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
                                        java_options=archive).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    if session.sparkContext.master != master:
+        # The JVM already runs a session of another master (one started before the run from
+        # PGCDC_SPARK_MASTER while the run's resource names another): getOrCreate would hand
+        # that one back and the work would run where the user did not ask for it.
+        session.stop()
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
