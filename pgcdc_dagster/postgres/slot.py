@@ -50,20 +50,29 @@ class ExportedSlot:
 
 
 def slot_info(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo | None:
-    """Return the slot's state, or None when it does not exist."""
+    """Return the slot's state, or None when it does not exist; raise
+    :class:`ConfigurationError` when a slot of that name belongs to another database of the
+    server (slot names are server-wide; streaming from it is impossible)."""
     with conn.cursor() as cur:
         cur.execute(
             """SELECT slot_name, plugin, database, active, active_pid, restart_lsn::text,
                       confirmed_flush_lsn::text, wal_status,
                       COALESCE(pg_current_wal_lsn() - restart_lsn, 0)::bigint,
-                      COALESCE(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint
+                      COALESCE(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint,
+                      current_database()
                FROM pg_replication_slots WHERE slot_name = %s""",
             (slot,),
         )
         row = cur.fetchone()
     if row is None:
         return None
-    name, plugin, database, active, pid, restart, confirmed, wal_status, retained, lag = row
+    name, plugin, database, active, pid, restart, confirmed, wal_status, retained, lag, db = row
+    if database is not None and database != db:
+        raise ConfigurationError(
+            f"replication slot {slot!r} belongs to database {database!r}, not to the source "
+            f"database {db!r}: slot names are shared by all databases of a server. Set "
+            "PGCDC_SLOT (slot.name) to a name of its own for this source."
+        )
     return SlotInfo(
         name, plugin or "", database or "", bool(active), pid,
         Lsn.parse(restart) if restart else None,
