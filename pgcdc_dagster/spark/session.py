@@ -11,6 +11,8 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from pgcdc_dagster.exceptions import ConfigurationError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -78,6 +80,17 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None,
     return settings
 
 
+def check_master(master: str) -> None:
+    """Refuse a master URL Spark cannot use (its own rule: ``yarn``, or ``spark``, ``k8s`` or
+    ``local`` first) before a JVM starts, with the setting to fix; Spark's JVM would exit and
+    PySpark report only ``JAVA_GATEWAY_EXITED``."""
+    if master != "yarn" and not master.startswith(("spark", "k8s", "local")):
+        raise ConfigurationError(
+            f"{master!r} is not a Spark master URL (PGCDC_SPARK_MASTER, the spark resource's "
+            "master): use local[N], spark://host:7077, k8s://https://host:port or yarn."
+        )
+
+
 def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
                   conf: Mapping[str, str] | None = None,
                   driver_memory: str | None = None, *,
@@ -94,6 +107,7 @@ def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
         class_archive: a new driver JVM maps the class archive when there is one
             (``spark/class_archive.py``).
     """
+    check_master(master)
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

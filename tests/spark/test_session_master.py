@@ -39,3 +39,21 @@ def test_a_session_of_another_master_is_replaced() -> None:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_a_bogus_master_is_refused_before_a_jvm_starts_naming_the_setting() -> None:
+    """QA: PGCDC_SPARK_MASTER=bogus://... made initial_snapshot fail with PySpark's bare
+    ``JAVA_GATEWAY_EXITED``; the error now names the setting and the accepted forms, also
+    when the session is built in the background (the prestart of an initial_snapshot)."""
+    from pgcdc_dagster.exceptions import ConfigurationError
+    from pgcdc_dagster.spark.prestart import prestart
+    from pgcdc_dagster.spark.session import build_session, check_master
+
+    for good in ("local", "local[2]", "local[*]", "spark://h:7077", "k8s://https://h:6443",
+                 "yarn"):
+        check_master(good)
+    with pytest.raises(ConfigurationError, match=r"'bogus://nowhere:1'.*PGCDC_SPARK_MASTER"):
+        build_session("bogus://nowhere:1")
+    handle = prestart("bogus://nowhere:2", app_name="qa-bogus-master")
+    with pytest.raises(ConfigurationError, match=r"PGCDC_SPARK_MASTER.*local\[N\]"):
+        handle.get()
