@@ -273,6 +273,10 @@ def test_window_rules_on_recorded_histories() -> None:
     overlap = commits_report([*good[:2], BronzeCommit(3, "stream", w2, start=Lsn(0x180))],
                              int(w2))
     assert "overlaps the previous one" in overlap.problems[0]
+    # QA: the first window after a snapshot taken on a temporary slot (a table added later,
+    # an interrupted initial snapshot resumed) starts at the slot, below the snapshot's point.
+    assert commits_report([good[0], BronzeCommit(2, "stream", w1, start=Lsn(0x80)),
+                           BronzeCommit(3, "stream", w2, start=w1)], int(w2)).ok
     stale = commits_report(good, int(w1))
     assert "app transaction records 0/200" in stale.problems[0]
     # A re-snapshot starts a new chain: windows may restart below the old ones.
