@@ -13,7 +13,8 @@ any work (issue 16). The op instead reports, at run time:
 * the light checks (``lsn_windows_contiguous``, ``schema_matches_source``) of those tables
   and ``slot_healthy``, as ``AssetCheckEvaluation`` events of the asset checks;
 * one observation of ``source/replication_slot`` with the run's LSN range, whatever it
-  changed: the LSN-window check chains the runs from it.
+  changed, first (as soon as the slot has moved): the LSN-window check chains the runs from
+  it.
 
 Every table's silver catches up once when the run before did not leave every silver caught up
 (it failed, or it was an asset-job, UI or incremental-snapshot run): see
@@ -148,6 +149,14 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                              "matched by the include list): reload the code location")
         changed = run.changed()
         health = slot_health(postgres.dsn, capture.slot)
+        # The run's LSN range first: the slot has moved, so the range must be on record even
+        # when the run dies or fails later (reporting tables, merging silver); otherwise
+        # lsn_windows_contiguous finds a "never read" gap in every table the run left alone.
+        context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
+            **_run_range(run), "tables_changed": len(changed),
+            "tables_captured": len(run.contexts), "duration_s": round(seconds, 3),
+            "lag_bytes": health.lag_bytes, "wal_status": str(health.wal_status),
+            **skipped_metadata(run.skipped)}))
         bronze_before = previous_of(instance, [bronze_key(*c.relation.qualified)
                                                for c in changed])
 
@@ -202,11 +211,6 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                 context.log_event(dg.AssetMaterialization(
                     asset_key=silver_key(*ctx.relation.qualified), metadata=meta))
         with shared_reads():
-            context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
-                **_run_range(run), "tables_changed": len(changed),
-                "tables_captured": len(run.contexts), "duration_s": round(seconds, 3),
-                "lag_bytes": health.lag_bytes, "wal_status": str(health.wal_status),
-                **skipped_metadata(run.skipped)}))
             for result in light_check_results(instance, changed, health, settings):
                 # log_event records check evaluations too (its annotation lists the others only)
                 context.log_event(evaluation(result))  # type: ignore[arg-type]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 import pyarrow as pa
 import pytest
@@ -358,3 +360,28 @@ def test_checks_name_the_fix_for_missing_privileges(capture, pg_conn, pg_dsn) ->
         with pg_conn.cursor() as cur:
             cur.execute(f"GRANT USAGE ON SCHEMA public TO PUBLIC; DROP OWNED BY {role}; "
                         f"DROP ROLE {role}")
+
+
+def test_a_run_failing_after_the_slot_moved_leaves_no_gap(capture, pg_conn) -> None:
+    """QA: a micro-batch that failed (or was killed) after its bronze commit and slot advance,
+    before its last events, recorded no LSN range: lsn_windows_contiguous then failed for
+    every table the run did not change ("WAL ... was never read"), for good."""
+    definitions, instance, lakehouse = capture
+    run(definitions, instance, "initial_snapshot")
+    with pg_conn.cursor() as cur:
+        cur.execute("UPDATE items SET price = price + 1 WHERE id <= 5")
+    # Silver of items cannot be opened: the run commits bronze, moves the slot, then fails.
+    log = f"{lakehouse}/silver/public/items/_delta_log"
+    version = DeltaTable(table_uri(lakehouse, "silver", "public", "items")).version()
+    garbage = f"{log}/{version + 1:020d}.json"
+    with open(garbage, "w") as f:
+        f.write("not a delta commit\n")
+    failed = definitions.resolve_job_def("cdc_microbatch").execute_in_process(
+        instance=instance, raise_on_error=False)
+    assert not failed.success
+    os.remove(garbage)
+    run(definitions, instance, "cdc_microbatch")  # silver catches up
+    evaluations = checks(run(definitions, instance, "capture_checks"))
+    tags = evaluations["bronze/public/tags:lsn_windows_contiguous"]
+    assert tags.passed, tags.description
+    assert_passed(evaluations)
