@@ -9,12 +9,19 @@ A table's rows enter its Delta tables only when all its chunks are read:
 * silver: one **overwrite** with every chunk's silver file (a re-snapshot replaces silver,
   never merges over it), whose app transaction is the bronze version it reflects, so the
   silver catch-up applies only what bronze receives afterwards.
+
+A table the lakehouse does not hold yet is created by that commit (``create_with_files``:
+version 0 holds the schema, the files, the app transactions and the snapshot's metadata),
+so a first snapshot makes exactly two commits per table (issue 16: a thousand small tables
+paid four, two of them empty table creations). A crash between the two leaves bronze
+committed and silver absent; the resumed run finds bronze's snapshot transaction, keeps
+its version and creates silver.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -28,12 +35,15 @@ from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.lake.delta import (
     DataFile,
     commit_files,
+    commit_properties,
     committed_version,
+    create_with_files,
     ensure_table,
     open_table,
 )
 from pgcdc_dagster.lake.evolution import SchemaChangeError, conflicts, evolve
 from pgcdc_dagster.lake.storage import delete_file, join
+from pgcdc_dagster.spark.snapshot_tasks import SnapshotFile
 
 
 @dataclass
@@ -70,57 +80,76 @@ def check_bronze_schema(ctx: TableContext) -> None:
 
 def commit_table(ctx: TableContext, done: Mapping[int, ChunkDone], *, app_prefix: str,
                  snapshot_id: int, mode: str, resumed: int = 0) -> TableSnapshotReport:
-    """Bronze append + silver overwrite of one table's chunks, each exactly once."""
+    """Bronze append + silver overwrite of one table's chunks, each exactly once.
+
+    A table new to the lakehouse is created by its snapshot commit (version 0 holds the
+    schema, the files and the app transactions): two commits per table, not four.
+    """
     lsn = min(c.lsn for c in done.values())
     rows = sum(c.rows for c in done.values())
     snap_app = snapshot_app_id(app_prefix, ctx)
     meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(lsn)), "pgcdc.rows": str(rows),
             "pgcdc.snapshot_id": str(snapshot_id), "pgcdc.snapshot_mode": mode,
             "pgcdc.chunks": str(len(done))}
-    bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
-    if committed_version(bronze, snap_app) == snapshot_id:
-        b_version = version_of(bronze, snapshot_id)
-    else:
-        # Columns added since the table was created join its schema (older files read them
-        # as null); appending with a schema the log lacks would hide them. A table with no
-        # file yet simply takes the snapshot's schema.
-        empty = not bronze.file_uris()
-        schema = ctx.bronze_schema if empty else evolve(bronze, ctx.bronze_schema,
-                                                        f"bronze {ctx.name}")
-        now = int(time.time() * 1000)
-        actions: list[AddAction | RemoveAction] = [
-            AddAction(c.bronze.path, c.bronze.size, {}, now, True, c.bronze.stats)
-            for c in done.values() if c.bronze is not None]
-        props = CommitProperties(
-            app_transactions=[Transaction(ctx.bronze_app_id, lsn),
-                              Transaction(snap_app, snapshot_id)],
-            custom_metadata=meta)
-        bronze.create_write_transaction(actions, "overwrite" if empty else "append", schema,
-                                        commit_properties=props)
-        bronze.update_incremental()
-        b_version = bronze.version()
+    b_files = [_data_file(c.bronze) for c in done.values() if c.bronze is not None]
+    b_props = CommitProperties(
+        app_transactions=[Transaction(ctx.bronze_app_id, lsn),
+                          Transaction(snap_app, snapshot_id)],
+        custom_metadata=meta)
+    bronze = create_with_files(ctx.bronze_uri, ctx.bronze_schema, b_files, properties=b_props)
+    if bronze is None:
+        b_version = 0
         crash_point("snapshot_after_bronze_commit")
-    silver = ensure_table(ctx.silver_uri, ctx.silver_schema)
-    if version_of(silver, snapshot_id) >= 0:
+    else:
+        b_version = _commit_bronze(ctx, bronze, b_files, b_props, snap_app, snapshot_id)
+    s_files = [_data_file(f) for c in done.values() for f in c.silver]
+    silver = create_with_files(ctx.silver_uri, ctx.silver_schema, s_files,
+                               properties=commit_properties(ctx.silver_app_id, b_version, meta))
+    if silver is None:
+        s_version = 0
+    elif version_of(silver, snapshot_id) >= 0:
         s_version = silver.version()
     else:
-        files = [DataFile(f.path, f.size, f.num_records, f.stats)
-                 for c in done.values() for f in c.silver]
-        s_version = commit_files(silver, files, ctx.silver_schema, mode="overwrite",
+        s_version = commit_files(silver, s_files, ctx.silver_schema, mode="overwrite",
                                  app_id=ctx.silver_app_id, version=b_version, metadata=meta)
     return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn, resumed)
+
+
+def _data_file(f: SnapshotFile) -> DataFile:
+    return DataFile(f.path, f.size, f.num_records, f.stats)
+
+
+def _commit_bronze(ctx: TableContext, bronze: DeltaTable, files: Sequence[DataFile],
+                   props: CommitProperties, snap_app: str, snapshot_id: int) -> int:
+    """The snapshot's bronze commit to a table that exists: its version (the version that
+    holds it already when a resumed run finds the commit made)."""
+    if committed_version(bronze, snap_app) == snapshot_id:
+        return version_of(bronze, snapshot_id)
+    # Columns added since the table was created join its schema (older files read them as
+    # null); appending with a schema the log lacks would hide them. A table with no file yet
+    # simply takes the snapshot's schema.
+    empty = not bronze.file_uris()
+    schema = ctx.bronze_schema if empty else evolve(bronze, ctx.bronze_schema,
+                                                    f"bronze {ctx.name}")
+    now = int(time.time() * 1000)
+    actions: list[AddAction | RemoveAction] = [
+        AddAction(f.path, f.size, {}, now, True, f.stats) for f in files]
+    bronze.create_write_transaction(actions, "overwrite" if empty else "append", schema,
+                                    commit_properties=props)
+    bronze.update_incremental()
+    crash_point("snapshot_after_bronze_commit")
+    return bronze.version()
 
 
 def commit_empty(ctx: TableContext, point: int, mode: str) -> None:
     """An offset without data (no_data, snapshot.include.collection.list): the table streams
     from ``point``. A table that already has an offset keeps it."""
-    bronze = ensure_table(ctx.bronze_uri, ctx.bronze_schema)
+    meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(point)), "pgcdc.rows": "0",
+            "pgcdc.snapshot_mode": mode, "pgcdc.no_data": "true"}
+    props = commit_properties(ctx.bronze_app_id, point, meta)
+    bronze = create_with_files(ctx.bronze_uri, ctx.bronze_schema, [], properties=props)
     ensure_table(ctx.silver_uri, ctx.silver_schema)
-    if committed_version(bronze, ctx.bronze_app_id) is None:
-        meta = {"pgcdc.kind": "snapshot", "pgcdc.lsn": str(Lsn(point)), "pgcdc.rows": "0",
-                "pgcdc.snapshot_mode": mode, "pgcdc.no_data": "true"}
-        props = CommitProperties(app_transactions=[Transaction(ctx.bronze_app_id, point)],
-                                 custom_metadata=meta)
+    if bronze is not None and committed_version(bronze, ctx.bronze_app_id) is None:
         bronze.create_write_transaction([], "append", ctx.bronze_schema,
                                         commit_properties=props)
 

@@ -21,8 +21,9 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
@@ -116,6 +117,30 @@ def ensure_table(uri: str, schema: pa.Schema) -> DeltaTable:
     if is_local(uri):
         _make_local_dir(uri)
     return DeltaTable.create(uri, schema, mode="ignore", storage_options=storage_options(uri))
+
+
+def create_with_files(uri: str, schema: pa.Schema, files: Sequence[DataFile], *,
+                      properties: CommitProperties) -> DeltaTable | None:
+    """Create the table at ``uri`` with ``files`` (written under its root) in its first
+    commit, version 0, carrying ``properties`` (app transactions, metadata): one commit where
+    :func:`ensure_table` then :func:`commit_files` make two. None once created; when a table
+    exists there already, nothing is written and that table is returned (the caller commits
+    to it the usual way)."""
+    ensure_safe_commits(uri)
+    if is_local(uri):
+        _make_local_dir(uri)
+    now = int(time.time() * 1000)
+    actions = [AddAction(f.path, f.size, {}, now, True, f.stats) for f in files]
+    try:
+        create_table_with_add_actions(uri, DeltaSchema.from_arrow(schema), actions, mode="error",
+                                      storage_options=storage_options(uri),
+                                      commit_properties=properties)
+    except DeltaError:
+        existing = open_table(uri)
+        if existing is not None:
+            return existing  # a table was there (or was just created by another writer)
+        raise
+    return None
 
 
 def _make_local_dir(path: str) -> None:

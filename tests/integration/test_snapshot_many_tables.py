@@ -2,8 +2,9 @@
 
 40 small tables and 2 big ones (read in several chunks) are snapshotted in one run: the small
 tables' chunks share Spark tasks (Spark's own task count is far below the chunk count), the
-progress table is appended per batch of results rather than per chunk, every bronze and
-silver Delta table exists, and silver equals the source; changes made afterwards stream into
+progress table is appended per batch of results rather than per chunk, every table's bronze and
+silver are two Delta commits (each table created by the commit holding its rows), and silver
+equals the source; changes made afterwards stream into
 every table's silver from its snapshot offset.
 """
 
@@ -15,6 +16,7 @@ import pytest
 
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.capture.snapshot_commit import TableSnapshotReport
 from pgcdc_dagster.capture.snapshot_state import SnapshotLog, progress_uri
 from pgcdc_dagster.lake.delta import open_table
 from pgcdc_dagster.lake.paths import table_uri
@@ -59,6 +61,30 @@ def _converged(pg_conn, lakehouse: Path, tables: list[str]) -> None:
                                     "many", table, _keys(table))
 
 
+def _two_commits_per_table(settings: CaptureSettings, lakehouse: Path,
+                           reports: list[TableSnapshotReport], snapshot_id: int) -> None:
+    """Each table's snapshot is exactly two Delta commits, read from the logs: bronze and
+    silver are each created by the commit holding the rows (version 0, no empty creation
+    commit), bronze with its offset and the snapshot's app transaction, silver with the
+    bronze version it reflects."""
+    prefix = settings.app_prefix
+    for report in reports:
+        schema, table = report.table.split(".")
+        assert (report.bronze_version, report.silver_version) == (0, 0), report
+        bronze = open_table(table_uri(str(lakehouse), "bronze", schema, table))
+        silver = open_table(table_uri(str(lakehouse), "silver", schema, table))
+        assert bronze is not None and silver is not None
+        for layer in (bronze, silver):
+            history = layer.history()
+            assert layer.version() == 0 and len(history) == 1, history
+            assert history[0]["pgcdc.snapshot_id"] == str(snapshot_id)
+            assert history[0]["pgcdc.rows"] == str(report.rows)
+            assert layer.to_pyarrow_table().num_rows == report.rows
+        assert bronze.transaction_version(f"{prefix}:bronze:{report.table}") == report.lsn
+        assert bronze.transaction_version(f"{prefix}:snapshot:{report.table}") == snapshot_id
+        assert silver.transaction_version(f"{prefix}:silver:{report.table}") == 0
+
+
 def test_many_small_tables_share_tasks_and_converge(pg_dsn, pg_conn, spark, lakehouse) -> None:
     _create(pg_conn)
     settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), include=("many\\..*",),
@@ -83,9 +109,7 @@ def test_many_small_tables_share_tasks_and_converge(pg_dsn, pg_conn, spark, lake
     assert state is not None and state.finished
     assert state.committed == {("many", t) for t in tables}
     assert sum(len(c) for c in state.chunks.values()) == snap.chunks_read
-    for table in tables:
-        for layer in ("bronze", "silver"):
-            assert open_table(table_uri(str(lakehouse), layer, "many", table)) is not None
+    _two_commits_per_table(settings, lakehouse, snap.tables, state.snapshot_id)
     run_silver(settings, spark)
     _converged(pg_conn, lakehouse, tables)
     # Changes after the snapshot stream from each table's offset, small and big alike.
