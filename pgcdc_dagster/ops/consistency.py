@@ -5,11 +5,16 @@ Silver reflects the source as of the slot's confirmed position ``C`` (every wind
 READ snapshot taken at WAL position ``L >= C``. Keys that changed between ``C`` and ``L`` are
 found by peeking the slot up to ``L`` (nothing is consumed) and left out of both sides, so
 the comparison is exact for every other key whatever the write load. Both sides are brought
-to silver's native types by the capture's own converters, then hashed value by value:
+to silver's native types by the capture's own converters and cast to one Arrow schema
+(silver's types of the columns both sides have), then hashed column by column
+(:mod:`pgcdc_dagster.cdc.row_hash`, :mod:`pgcdc_dagster.ops.digest`):
 
 * ``rows``: live rows (silver ``WHERE NOT __deleted``);
 * ``key checksum``: sum of 64-bit hashes of the primary-key tuples;
 * ``row checksum``: sum of 64-bit hashes of whole rows (every column both sides have).
+
+When the sides differ and a side holds at most ``keep_limit`` rows, up to five keys of each
+kind of difference are named (missing in silver, not in the source, values differ).
 
 The comparison is skipped (``compared`` False, with the reason) when it cannot be exact:
 silver behind bronze, the slot missing or in use, a TRUNCATE pending, or a backlog larger
@@ -18,15 +23,18 @@ than ``max_pending_bytes`` (run the micro-batch first).
 
 from __future__ import annotations
 
-import hashlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
+import numpy as np
+import numpy.typing as npt
 import psycopg2.errors
 import psycopg2.extensions
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 from deltalake.exceptions import DeltaError
 from psycopg2 import sql
 
@@ -36,45 +44,19 @@ from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import PgCdcError, SlotInUseError
 from pgcdc_dagster.lake.delta import load_table
+from pgcdc_dagster.lake.storage import filesystem
+from pgcdc_dagster.ops.digest import Digest, differences, key_hashes
 from pgcdc_dagster.ops.table_facts import TableFacts, read_facts, still_at
 from pgcdc_dagster.postgres.connection import connect, connection, redact
+from pgcdc_dagster.postgres.copy_blocks import copy_text_blocks
 from pgcdc_dagster.postgres.peek import peek_window
 from pgcdc_dagster.postgres.privileges import explain_error
 from pgcdc_dagster.postgres.slot import slot_info
 from pgcdc_dagster.postgres.slot_lock import slot_guard_or_reason
-from pgcdc_dagster.postgres.snapshot_read import read_text_batches
+from pgcdc_dagster.postgres.snapshot_read import set_session
 
-_MASK = (1 << 64) - 1
-SAMPLE = 5
-
-
-def _hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-
-
-@dataclass
-class Digest:
-    """Count and order-independent checksums of one side."""
-
-    rows: int = 0
-    key_checksum: int = 0
-    row_checksum: int = 0
-    excluded: int = 0
-    """Rows left out because their key changed after the compared LSN."""
-    rows_by_key: dict[str, int] | None = field(default_factory=dict)
-    """Row hash per key while the table is small enough to name differences."""
-
-    def add(self, key: str, row: str, keep_limit: int) -> None:
-        self.rows += 1
-        self.key_checksum = (self.key_checksum + _hash(key)) & _MASK
-        row_hash = _hash(row)
-        self.row_checksum = (self.row_checksum + row_hash) & _MASK
-        if self.rows_by_key is not None:
-            if len(self.rows_by_key) >= keep_limit:
-                self.rows_by_key = None
-            else:
-                self.rows_by_key[key] = row_hash
-
+__all__ = ["COMPARE_ERRORS", "ConsistencyReport", "Digest", "compare_tables",
+           "compare_with_source"]
 
 @dataclass
 class ConsistencyReport:
@@ -160,10 +142,6 @@ def _convert(convs: Sequence[ColumnConverter], targets: Sequence[pa.DataType],
             for conv, typ, col in zip(convs, targets, texts, strict=True)]
 
 
-def _rows(arrays: Sequence[pa.Array] | Sequence[pa.ChunkedArray]) -> Iterable[tuple[object, ...]]:
-    return zip(*(a.to_pylist() for a in arrays), strict=True)
-
-
 def _wait_flushed(conn: psycopg2.extensions.connection, lsn: Lsn, timeout_s: float) -> bool:
     """Make WAL up to ``lsn`` durable, so that logical decoding can read it.
 
@@ -189,7 +167,8 @@ def _wait_flushed(conn: psycopg2.extensions.connection, lsn: Lsn, timeout_s: flo
 
 class _Comparison:
     def __init__(self, ctx: TableContext, report: ConsistencyReport, target: pa.Schema,
-                 convs: Sequence[ColumnConverter], keep_limit: int) -> None:
+                 convs: Sequence[ColumnConverter], keep_limit: int,
+                 facts: TableFacts) -> None:
         self.ctx = ctx
         self.report = report
         self.target = target
@@ -197,10 +176,9 @@ class _Comparison:
         self.names = target.names
         self.key_pos = [self.names.index(k) for k in ctx.relation.key_names]
         self.keep_limit = keep_limit
-        self.touched: set[str] = set()
-
-    def key_repr(self, row: Sequence[object]) -> str:
-        return repr(tuple(row[i] for i in self.key_pos))
+        self.facts = facts
+        self.touched: npt.NDArray[np.uint64] = np.empty(0, np.uint64)
+        """Sorted hashes of the keys changed after silver's position."""
 
     def exclude(self, images: Sequence[tuple[object, ...]]) -> None:
         if not images:
@@ -213,31 +191,44 @@ class _Comparison:
                 continue  # an unchanged TOAST key value: the other image names the key
             for col, value in zip(texts, image, strict=True):
                 col.append(value.decode() if isinstance(value, bytes) else None)
-        for key in _rows(_convert(key_convs, key_types, texts)):
-            self.touched.add(repr(key))
+        self.touched = np.unique(key_hashes(_convert(key_convs, key_types, texts)))
         self.report.excluded_keys = len(self.touched)
 
     def digest(self, side: Digest, batch: pa.RecordBatch | pa.Table) -> None:
-        for row in _rows([batch.column(i) for i in range(batch.num_columns)]):
-            key = self.key_repr(row)
-            if key in self.touched:
-                side.excluded += 1
-                continue
-            side.add(key, repr(row), self.keep_limit)
+        side.add(batch, self.key_pos, self.touched, self.keep_limit)
 
     def source_batch(self, text: pa.RecordBatch) -> pa.Table:
         arrays = [conv.to_silver(text.column(i)).cast(self.target.field(i).type)
                   for i, conv in enumerate(self.convs)]
         return pa.Table.from_arrays(arrays, schema=self.target)
 
+    def silver_batches(self) -> Iterator[pa.RecordBatch]:
+        """Silver's live rows at the pinned version, from the data files the sweep's read
+        of the log listed (no second open of the table), else through delta-rs."""
+        report, facts = self.report, self.facts
+        files = facts.silver_files
+        if files is None or facts.silver_schema is None:
+            dataset = load_table(self.ctx.silver_uri, report.silver_version).to_pyarrow_dataset()
+        else:
+            fs, base = filesystem(self.ctx.silver_uri)
+            fmt = pads.ParquetFileFormat(
+                default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True))
+            fragments = [fmt.make_fragment(f"{base.rstrip('/')}/{unquote(path)}",
+                                           filesystem=fs) for path in files]
+            dataset = pads.FileSystemDataset(fragments, facts.silver_schema, fmt, fs)
+        for batch in dataset.to_batches(columns=report.columns,
+                                        filter=~pc.field("__deleted")):
+            yield batch.cast(self.target)
+
 
 def _samples(report: ConsistencyReport) -> None:
-    src, dst = report.source.rows_by_key, report.silver.rows_by_key
-    if src is None or dst is None:
-        return
-    report.missing = sorted(k for k in src if k not in dst)[:SAMPLE]
-    report.extra = sorted(k for k in dst if k not in src)[:SAMPLE]
-    report.different = sorted(k for k in src if k in dst and src[k] != dst[k])[:SAMPLE]
+    """Name differing keys (when the sides differ and were small enough to keep), then let
+    go of the rows kept for it: memory holds one table's rows at a time."""
+    if report.compared:
+        found = differences(report.source, report.silver)
+        report.missing, report.extra, report.different = (found.missing, found.extra,
+                                                          found.different)
+    report.source.kept = report.silver.kept = None
 
 
 def compare_with_source(dsn: str, ctx: TableContext, slot: str, publication: str, *,
@@ -308,6 +299,7 @@ def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, public
         try:
             with snap.cursor() as cur:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                set_session(cur)  # once for every table's COPY (copy_blocks.py)
                 cur.execute("SELECT pg_current_wal_insert_lsn()::text")
                 insert_lsn = cur.fetchone()[0]
             source_lsn = Lsn.parse(insert_lsn)
@@ -330,25 +322,16 @@ def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, public
                 try:
                     _digest_source(snap, ctx, report, cmp,
                                    window.tables.get(ctx.relation.qualified, []))
+                    if not report.reason:
+                        for batch in cmp.silver_batches():
+                            cmp.digest(report.silver, batch)
+                        report.compared = True
                 except COMPARE_ERRORS as exc:
                     report.reason = f"could not compare: {explain_error(exc, redact)}"
+                _samples(report)
         finally:
             snap.rollback()
             snap.close()
-    for ctx, report, cmp in pending:
-        if report.reason:
-            continue
-        try:
-            pinned = load_table(ctx.silver_uri, report.silver_version)
-            dataset = pinned.to_pyarrow_dataset()
-            for batch in dataset.to_batches(columns=report.columns,
-                                            filter=~pc.field("__deleted")):
-                cmp.digest(report.silver, batch.cast(cmp.target))
-        except COMPARE_ERRORS as exc:
-            report.reason = f"could not compare: {explain_error(exc, redact)}"
-            continue
-        report.compared = True
-        _samples(report)
     return reports
 
 
@@ -389,7 +372,7 @@ def _prepare(ctx: TableContext, report: ConsistencyReport, keep_limit: int,
         report.reason = f"key columns {missing_keys} cannot be compared (schema drift)"
         return None
     report.columns = list(target.names)
-    return _Comparison(ctx, report, target, convs, keep_limit)
+    return _Comparison(ctx, report, target, convs, keep_limit, facts)
 
 
 def _digest_source(snap: psycopg2.extensions.connection, ctx: TableContext,
@@ -397,7 +380,7 @@ def _digest_source(snap: psycopg2.extensions.connection, ctx: TableContext,
                    segments: Sequence[TableChanges]) -> None:
     """Leave out the keys changed after silver's position, then hash the source rows (read
     in ``snap``'s REPEATABLE READ transaction: every table at the same point, on one
-    connection)."""
+    connection; a failed read leaves the next tables a usable transaction)."""
     images: list[tuple[object, ...]] = []
     for seg in segments:
         report.pending_events += len(seg)
@@ -410,12 +393,5 @@ def _digest_source(snap: psycopg2.extensions.connection, ctx: TableContext,
     query = sql.SQL("SELECT {} FROM {}").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in report.columns),
         sql.Identifier(ctx.relation.namespace, ctx.relation.name))
-    with snap.cursor() as cur:  # a failed read leaves the next tables a usable transaction
-        cur.execute("SAVEPOINT pgcdc_table")
-    try:
-        for text in read_text_batches("", None, query, report.columns, within=snap):
-            cmp.digest(report.source, cmp.source_batch(text))
-    except Exception:  # a vanished table: its COPY failed, the transaction must go on
-        with snap.cursor() as cur:
-            cur.execute("ROLLBACK TO SAVEPOINT pgcdc_table")
-        raise
+    copy_text_blocks(snap, query, report.columns,
+                     lambda text: cmp.digest(report.source, cmp.source_batch(text)))

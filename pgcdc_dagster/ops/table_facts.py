@@ -4,7 +4,8 @@ The checks of one table read the same two Delta logs: the schema check silver's 
 LSN-window check bronze's history and app transaction, the comparison both versions and
 silver's app transaction. A sweep over many tables reads them once per table
 (:func:`read_facts`), on a few threads (:func:`read_all_facts`: an open replays the log in
-delta-rs, outside the GIL), and keeps only these few values, not the opened tables, so memory
+delta-rs, outside the GIL), and keeps only these few values (and silver's list of data
+files, which the comparison reads at the same version), not the opened tables, so memory
 does not grow with the tables' sizes.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from deltalake import DeltaTable
 
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.lake.delta import committed_version, last_data_version, open_table
@@ -43,6 +45,11 @@ class TableFacts:
     silver_applied: int | None = None
     """Silver's app transaction: the bronze version it applied."""
     silver_schema: pa.Schema | None = None
+    silver_files: tuple[str, ...] | None = None
+    """Silver's data files at ``silver_version`` as the log names them (relative to the
+    table root), for reading that version without opening the table again; None when the
+    files alone do not make the table (a protocol above reader v1: deletion vectors or
+    column mapping; partition columns): read it through delta-rs then."""
 
 
 def still_at(uri: str, version: int | None) -> bool:
@@ -74,7 +81,15 @@ def read_facts(ctx: TableContext, history_limit: int = 0) -> TableFacts:
         if bronze is not None and history_limit > 0 else [],
         silver_version=silver.version() if silver is not None else None,
         silver_applied=silver_applied,
-        silver_schema=pa.schema(silver.schema().to_arrow()) if silver is not None else None)
+        silver_schema=pa.schema(silver.schema().to_arrow()) if silver is not None else None,
+        silver_files=_plain_files(silver) if silver is not None else None)
+
+
+def _plain_files(table: DeltaTable) -> tuple[str, ...] | None:
+    """The table's data files when reading them as plain Parquet reads the table."""
+    if table.protocol().min_reader_version > 1 or table.metadata().partition_columns:
+        return None
+    return tuple(pa.table(table.get_add_actions(flatten=False))["path"].to_pylist())
 
 
 def read_all_facts(contexts: Sequence[TableContext], history_limit: int,
