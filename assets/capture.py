@@ -320,39 +320,43 @@ def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats
 
 def build_capture_assets(tables: Sequence[tuple[str, str]],
                          owners: Sequence[str] = DEFAULT_OWNERS) -> list[dg.AssetsDefinition]:
-    """The bronze and silver multi-assets for the given ``(schema, table)`` pairs."""
-    bronze_specs = [
-        dg.AssetSpec(
-            bronze_key(s, t), group_name="bronze", deps=[source_key(s, t), SLOT_KEY],
-            kinds={"postgres", "spark", "delta"}, owners=list(owners),
-            tags=table_tags("bronze", s, t), metadata=table_metadata(s, t),
-            description=f"Change events of {display_name(s, t)} in Debezium's envelope (key, "
+    """The bronze and silver multi-assets for the given ``(schema, table)`` pairs.
+
+    Each spec is built once, without its deps (given to :func:`multi_asset_io` apart), and
+    the attributes every table shares are built once (issue 16: a thousand tables)."""
+    owner_list = list(owners)
+    deps: dict[dg.AssetKey, list[dg.AssetKey]] = {}
+    bronze_specs = []
+    silver_specs = []
+    bronze_kinds, silver_kinds = {"postgres", "spark", "delta"}, {"spark", "delta"}
+    for s, t in tables:
+        b_key, s_key, meta = bronze_key(s, t), silver_key(s, t), table_metadata(s, t)
+        name = display_name(s, t)
+        deps[b_key] = [source_key(s, t), SLOT_KEY]
+        deps[s_key] = [b_key]
+        bronze_specs.append(dg.AssetSpec(
+            b_key, group_name="bronze", kinds=bronze_kinds, owners=owner_list,
+            tags=table_tags("bronze", s, t), metadata=meta,
+            description=f"Change events of {name} in Debezium's envelope (key, "
             "before, after, source, op, ts_ms, transaction): one row per change, op r for the "
             "snapshot, append-only Delta under <lakehouse>/bronze/, written exactly once per "
-            "slot window.")
-        for s, t in tables
-    ]
-    bronze_specs += [
-        dg.AssetSpec(meta_key(name), group_name="bronze", deps=[SLOT_KEY],
-                     kinds={"postgres", "delta"}, owners=list(owners),
-                     tags={"pgcdc/layer": "bronze"},
-                     description=f"{text} Append-only Delta at <lakehouse>/bronze/_pgcdc/{name}, "
-                     "written with the windows of the bronze tables (exactly once).")
-        for name, text in META_TABLES.items()
-    ]
-    silver_specs = [
-        dg.AssetSpec(
-            silver_key(s, t), group_name="silver", deps=[bronze_key(s, t)],
-            kinds={"spark", "delta"}, owners=list(owners), tags=table_tags("silver", s, t),
-            metadata=table_metadata(s, t),
-            description=f"Current state of {display_name(s, t)}: one row per key in native "
+            "slot window."))
+        silver_specs.append(dg.AssetSpec(
+            s_key, group_name="silver", kinds=silver_kinds, owners=owner_list,
+            tags=table_tags("silver", s, t), metadata=meta,
+            description=f"Current state of {name}: one row per key in native "
             "Delta types, under <lakehouse>/silver/. Deleted keys stay as tombstones: read "
-            "live rows WHERE NOT __deleted.")
-        for s, t in tables
-    ]
+            "live rows WHERE NOT __deleted."))
+    for meta_name, text in META_TABLES.items():
+        deps[meta_key(meta_name)] = [SLOT_KEY]
+        bronze_specs.append(dg.AssetSpec(
+            meta_key(meta_name), group_name="bronze", kinds={"postgres", "delta"},
+            owners=owner_list, tags={"pgcdc/layer": "bronze"},
+            description=f"{text} Append-only Delta at <lakehouse>/bronze/_pgcdc/{meta_name}, "
+            "written with the windows of the bronze tables (exactly once)."))
 
     @dg.multi_asset(name="bronze", pool=CAPTURE_POOL,
-                    **multi_asset_io(bronze_specs, can_subset=False))
+                    **multi_asset_io(bronze_specs, can_subset=False, deps=deps))
     def bronze(context: dg.AssetExecutionContext, config: BronzeConfig,
                postgres: PostgresResource, lakehouse: LakehouseResource,
                capture: CaptureResource,
@@ -388,7 +392,7 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
             yield dg.MaterializeResult(asset_key=meta_key(name), metadata=meta_table_metadata(
                 run.stream, name, uri, meta_before[name], seconds))
 
-    @dg.multi_asset(name="silver", **multi_asset_io(silver_specs, can_subset=True))
+    @dg.multi_asset(name="silver", **multi_asset_io(silver_specs, can_subset=True, deps=deps))
     def silver(context: dg.AssetExecutionContext, postgres: PostgresResource,
                lakehouse: LakehouseResource, capture: CaptureResource,
                spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:

@@ -142,8 +142,8 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
             context.log.info(note)
         if run.skipped:
             context.log.warning(Resolution(skipped=run.skipped).warning())
-        if len({c.relation.qualified for c in run.contexts}) < len(set(captured)):
-            have = {c.relation.qualified for c in run.contexts}
+        if len(set(run.names)) < len(set(captured)):
+            have = set(run.names)
             gone = [f"{s}.{t}" for s, t in captured if (s, t) not in have]
             raise dg.Failure(f"{', '.join(gone)} no longer captured (dropped, or no longer "
                              "matched by the include list): reload the code location")
@@ -154,7 +154,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         # lsn_windows_contiguous finds a "never read" gap in every table the run left alone.
         context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
             **_run_range(run), "tables_changed": len(changed),
-            "tables_captured": len(run.contexts), "duration_s": round(seconds, 3),
+            "tables_captured": len(run.names), "duration_s": round(seconds, 3),
             "lag_bytes": health.lag_bytes, "wal_status": str(health.wal_status),
             **skipped_metadata(run.skipped)}))
         bronze_before = previous_of(instance, [bronze_key(*c.relation.qualified)
@@ -185,7 +185,9 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                                         _before(previous_of(instance, [key])[key][0], uri),
                                         seconds))))
         names = {c.name for c in changed}
-        silver_of = changed + [c for c in run.contexts if sweep and c.name not in names]
+        # Only the catch-up sweep builds (opens) every table; a regular run only the changed.
+        silver_of = changed + [c for c in run.contexts if c.name not in names] if sweep \
+            else changed
         if len(silver_of) > len(changed):  # the catch-up sweep (one event, not per run)
             context.log.info(f"silver of {len(silver_of)} tables "
                              f"({len(changed)} changed by this run)")

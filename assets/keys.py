@@ -7,7 +7,8 @@ name them with :func:`pgcdc_dagster.names.identifier`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import dagster as dg
@@ -56,9 +57,11 @@ def table_metadata(schema: str, table: str) -> dict[str, str]:
             "pgcdc/source_table": display_name(schema, table)}
 
 
+@lru_cache(maxsize=1 << 16)
 def _name(key: dg.AssetKey) -> str:
     """The op input/output name of an asset: :func:`identifier` for a table's, else the
-    components joined by ``__`` (the slot, the capture-wide tables: fixed plain names)."""
+    components joined by ``__`` (the slot, the capture-wide tables: fixed plain names).
+    Cached: the definitions name every table's keys several times (issue 16)."""
     try:
         return identifier(key.path[0], *table_of_key(key))
     except ValueError:
@@ -70,19 +73,28 @@ def dep_ins(deps: Iterable[dg.AssetKey]) -> dict[str, dg.AssetIn]:
             for k in dict.fromkeys(deps)}
 
 
-def multi_asset_io(specs: Sequence[dg.AssetSpec], *, can_subset: bool
+def multi_asset_io(specs: Sequence[dg.AssetSpec], *, can_subset: bool,
+                   deps: Mapping[dg.AssetKey, Sequence[dg.AssetKey]] | None = None
                    ) -> dict[str, Any]:
     """``outs``, ``ins`` and ``internal_asset_deps`` of a multi-asset of ``specs``, with
-    input and output names that do not collide (``@multi_asset(**multi_asset_io(...))``)."""
+    input and output names that do not collide (``@multi_asset(**multi_asset_io(...))``).
+
+    ``deps``: each spec's upstream keys when the specs are built without them (each spec
+    then built once, not copied without its deps: thousands of tables, issue 16)."""
     outs: dict[str, dg.AssetOut] = {}
-    deps: dict[str, set[dg.AssetKey]] = {}
+    internal: dict[str, set[dg.AssetKey]] = {}
     for spec in specs:
         name = _name(spec.key)
-        outs[name] = dg.AssetOut.from_spec(spec.replace_attributes(deps=[]),
-                                           dagster_type=dg.Nothing, is_required=not can_subset)
-        deps[name] = {d.asset_key for d in spec.deps}
-    ins = dep_ins(k for keys in deps.values() for k in sorted(keys, key=str))
-    return {"outs": outs, "ins": ins, "internal_asset_deps": deps, "can_subset": can_subset}
+        if deps is None:
+            upstream = {d.asset_key for d in spec.deps}
+            spec = spec.replace_attributes(deps=[])
+        else:
+            upstream = set(deps.get(spec.key, ()))
+        outs[name] = dg.AssetOut.from_spec(spec, dagster_type=dg.Nothing,
+                                           is_required=not can_subset)
+        internal[name] = upstream
+    ins = dep_ins(k for keys in internal.values() for k in sorted(keys, key=str))
+    return {"outs": outs, "ins": ins, "internal_asset_deps": internal, "can_subset": can_subset}
 
 
 def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | None = None

@@ -12,7 +12,8 @@ tables (default 1000) of ``--rows`` rows each, are measured in the same run:
 * the ``capture_checks`` sweep (every check of every table, silver against the source
   included): its seconds for the large capture (target: seconds, not minutes) and large ÷
   small (``--no-checks`` skips it; ``--checks-only`` measures the snapshot and the sweep
-  only, and prints the sweep's events and its seconds per phase).
+  only, and prints the sweep's events and its seconds per phase; ``--microbatch-only``
+  reports the two micro-batches only: the snapshot runs to set them up, unreported).
 
 The machine is shared: compare the ratios, not the seconds. Each run's CPU seconds (the
 process and its children: the Spark JVM and Python workers) are printed next to its wall time,
@@ -25,7 +26,7 @@ captured table, so the cost Dagster's event storage adds per table shows next to
 files there (read them with ``pstats``).
 
     .venv/bin/python bench/bench_scale.py [--small 3] [--large 1000] [--rows 1000]
-        [--snapshot-only | --checks-only] [--profile DIR]
+        [--snapshot-only | --checks-only | --microbatch-only] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ def main() -> None:
     parser.add_argument("--checks-only", action="store_true",
                         help="initial_snapshot, then the capture_checks sweep only (no "
                         "micro-batches)")
+    parser.add_argument("--microbatch-only", action="store_true",
+                        help="the micro-batches only: initial_snapshot still runs (to set up) "
+                        "but is not reported, no capture_checks sweep")
     parser.add_argument("--profile", type=Path, default=None,
                         help="run each process under cProfile, .prof files into this directory")
     args = parser.parse_args()
@@ -168,12 +172,16 @@ def main() -> None:
                 update(cluster.dsn, name, 3, args.updates)
                 figures[name][f"cdc_microbatch, {args.updates} updates to 3 tables"] = \
                     capture.run("cdc_microbatch")
-                if not args.no_checks:
+                if args.microbatch_only:
+                    figures[name].pop("initial_snapshot")
+                elif not args.no_checks:
                     figures[name]["capture_checks (full sweep)"] = \
                         capture.run("capture_checks")
             print(f"{name} ({sizes[name]} tables x {args.rows} rows): "
                   + ", ".join(f"{k} {v[0]:.1f}s ({v[1]:.1f} CPU s)"
                               for k, v in figures[name].items()), flush=True)
+            if args.microbatch_only:
+                continue
             print(f"  initial_snapshot events: {sum(snap_events.values())} "
                   f"({sum(snap_events.values()) / sizes[name]:.1f} per table): "
                   + ", ".join(f"{k} {v}" for k, v in sorted(snap_events.items())), flush=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -127,7 +127,9 @@ def _named(exc: PgCdcError, table: str) -> PgCdcError:
 class BronzeWindowWriter:
     """Accumulates one window's bronze part files per table, then commits them."""
 
-    contexts: dict[tuple[str, str], TableContext]
+    contexts: Mapping[tuple[str, str], TableContext]
+    """Looked up only for the tables the windows carry events for (a lazy mapping, such as
+    ``CapturedTables``, builds just those)."""
     converters: Callable[[Relation], Sequence[ColumnConverter]]
     ident: SourceIdentity
     lakehouse: str

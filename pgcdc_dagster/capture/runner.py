@@ -8,12 +8,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from pgcdc_dagster.capture.captured import CapturedTables
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
 from pgcdc_dagster.capture.snapshot import (
     SnapshotReport,
-    load_capture,
+    load_captured,
     load_contexts,
     run_snapshot,
 )
@@ -43,7 +44,10 @@ SILVER_THREADS = 2
 class BronzeRun:
     """What the bronze step did."""
 
-    contexts: list[TableContext]
+    tables: CapturedTables
+    """Every captured table (contexts built on use)."""
+    names: list[tuple[str, str]]
+    """The tables the run selected (``only``), in table order."""
     snapshot: SnapshotReport | None = None
     stream: StreamReport | None = None
     notes: list[str] = field(default_factory=list)
@@ -62,7 +66,14 @@ class BronzeRun:
         names.update(c.name for c in self.resnapshot)
         if self.stream is not None:
             names.update(self.stream.events_by_table())
-        return [c for c in self.contexts if c.name in names]
+        selected = set(self.names)
+        return [c for c in self.tables.named(names) if c.relation.qualified in selected]
+
+    @property
+    def contexts(self) -> list[TableContext]:
+        """The selected tables' contexts: builds (opens) every one of them; a run that
+        reports only what it changed uses :meth:`changed` and :attr:`names` instead."""
+        return self.tables.contexts(set(self.names))
 
 
 def select_contexts(settings: CaptureSettings,
@@ -92,24 +103,26 @@ def run_bronze(settings: CaptureSettings, spark: SparkLike, *, force_snapshot_st
     """
     normalise_mode(settings.snapshot_mode)
     with slot_guard(settings.dsn, settings.slot):
-        return _run_bronze(settings, spark, force_snapshot_step, only, progress)
+        captured, skipped = load_captured(settings)
+        with captured:  # the contexts' connection closed when the step ends
+            return _run_bronze(settings, spark, force_snapshot_step, only, progress,
+                               captured, skipped)
 
 
 def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step: bool,
                 only: Collection[tuple[str, str]] | None,
-                progress: Callable[[str], None]) -> BronzeRun:
-    captured, skipped = load_capture(settings)
-    contexts = captured if only is None else [c for c in captured
-                                              if c.relation.qualified in only]
-    run = BronzeRun(contexts, skipped=skipped)
+                progress: Callable[[str], None], captured: CapturedTables,
+                skipped: list[SkippedTable]) -> BronzeRun:
+    run = BronzeRun(captured, [n for n in captured.names if only is None or n in only],
+                    skipped=skipped)
     with connection(settings.dsn) as conn:
         # Up front: REPLICATION and what the publication needs, every shortfall named.
-        check_capture_privileges(conn, settings.publication, [c.relation for c in captured],
+        check_capture_privileges(conn, settings.publication, captured.relations,
                                  settings.publication_autocreate, prune=True)
         if settings.publication_autocreate == "filtered":
             # Debezium's filtered mode: the publication holds exactly the captured tables; a
             # table removed from the capture set leaves it (nothing decodes it for nothing).
-            ensure_publication(conn, settings.publication, [c.relation for c in captured],
+            ensure_publication(conn, settings.publication, captured.relations,
                                "filtered", prune=True)
     run.snapshot = run_snapshot(settings, spark, force=force_snapshot_step, contexts=captured,
                                 progress=progress)
@@ -121,9 +134,9 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
     if settings.snapshot_mode == "initial_only":
         run.notes.append("snapshot.mode = initial_only: no streaming")
         return run
-    # Offsets as the contexts read them, but for the tables this run's snapshot committed:
-    # no bronze table is opened again to check for stale offsets (issue 16).
-    offsets = {c.relation.qualified: c.offset for c in captured}
+    # Offsets as the contexts built so far read them, but for the tables this run's snapshot
+    # committed: no bronze table is opened again to check for stale offsets (issue 16).
+    offsets = {name: c.offset for name, c in captured.built().items()}
     for ctx in run.changed():
         offsets.pop(ctx.relation.qualified, None)
     run.resnapshot = resnapshot_returning_tables(settings, spark, captured, run, progress,
@@ -132,14 +145,16 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
         offsets.pop(ctx.relation.qualified, None)
     with connection(settings.dsn) as conn:
         ident = SourceIdentity(settings.topic_prefix, current_database(conn))
-    run.stream = run_windows(settings, contexts, ident, offsets=offsets)
+    selected = captured if only is None else captured.subset(set(only))
+    run.stream = run_windows(settings, selected, ident, offsets=offsets)
     progress(f"stream: {len(run.stream.windows)} windows, {run.stream.start} -> "
              f"{run.stream.end}, slot lag {run.stream.slot_lag_bytes} bytes")
     return run
 
 
 def resnapshot_returning_tables(settings: CaptureSettings, spark: SparkLike,
-                                captured: list[TableContext], run: BronzeRun,
+                                captured: Sequence[TableContext] | CapturedTables,
+                                run: BronzeRun,
                                 progress: Callable[[str], None],
                                 offsets: Mapping[tuple[str, str], int | None] | None = None
                                 ) -> list[TableContext]:

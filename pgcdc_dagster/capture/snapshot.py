@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pgcdc_dagster.capture.captured import CapturedTables
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot_commit import (
@@ -56,7 +57,8 @@ from pgcdc_dagster.capture.snapshot_state import (
     TablePlan,
     progress_uri,
 )
-from pgcdc_dagster.capture.tables import TableContext, build_context
+from pgcdc_dagster.capture.stream import last_capture_set
+from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.column_options import parse_column_options
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.lsn import Lsn
@@ -65,7 +67,6 @@ from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
 from pgcdc_dagster.lake.delta import committed_version, open_table
 from pgcdc_dagster.lake.paths import is_local
-from pgcdc_dagster.lake.schema_history import HistoryBatch, history_uri, read_histories
 from pgcdc_dagster.lake.storage import storage_options
 from pgcdc_dagster.names import resolve_table_id, table_id
 from pgcdc_dagster.postgres.catalog import column_facts, load_types
@@ -162,29 +163,30 @@ class SnapshotReport:
         return self.rows_read / self.seconds if self.seconds > 0 else 0.0
 
 
-def load_capture(settings: CaptureSettings) -> tuple[list[TableContext], list[SkippedTable]]:
-    """Check the server, resolve the include list and build every captured table's context;
-    also the matched tables left out (not capturable: no key, UNLOGGED, no SELECT, ...)."""
+def load_captured(settings: CaptureSettings) -> tuple[CapturedTables, list[SkippedTable]]:
+    """Check the server and resolve the include list: the captured tables, whose contexts
+    are built when first used (:class:`CapturedTables`), and the matched tables left out
+    (not capturable: no key, UNLOGGED, no SELECT, ...)."""
     with connection(settings.dsn) as conn:
         check_server(conn)
         key_for = parse_column_options(tuple(settings.column_options)).key_for
         found = resolve_capture(conn, settings.include, settings.exclude, key_for=key_for)
         leave_out_partitioned(conn, found, settings.include, settings.plugin_name)
         # The catalog read in bulk (types, NOT NULL flags and defaults: a few queries for
-        # every table), the schema history read once and its new entries written in one
-        # append (issue 16).
+        # every table); the schema history is read once when the first context is built
+        # (issue 16).
         types: dict[int, PgType] = {}
         load_types(conn, {c.type_oid for r in found.relations for c in r.columns}, cache=types)
         facts = column_facts(conn, [r.oid for r in found.relations])
-        histories = read_histories(history_uri(settings.lakehouse)) \
-            if settings.lakehouse else None
-        batch = HistoryBatch(history_uri(settings.lakehouse)) if settings.lakehouse else None
-        contexts = [build_context(conn, r, settings, type_cache=types, histories=histories,
-                                  history_batch=batch, facts=facts[r.oid])
-                    for r in found.relations]
-        if batch is not None:
-            batch.flush()
-        return contexts, found.skipped
+    return CapturedTables(settings, found.relations, types=types, facts=facts), found.skipped
+
+
+def load_capture(settings: CaptureSettings) -> tuple[list[TableContext], list[SkippedTable]]:
+    """:func:`load_captured` with every captured table's context built (their new schema
+    history entries written in one append)."""
+    tables, skipped = load_captured(settings)
+    with tables:
+        return tables.contexts(), skipped
 
 
 def load_contexts(settings: CaptureSettings) -> list[TableContext]:
@@ -206,7 +208,7 @@ def run_initial_snapshot(settings: CaptureSettings, spark: SparkLike) -> Snapsho
 
 
 def run_snapshot(settings: CaptureSettings, spark: SparkLike, *, force: bool,
-                 contexts: Sequence[TableContext] | None = None,
+                 contexts: Sequence[TableContext] | CapturedTables | None = None,
                  progress: Callable[[str], None] = log.info,
                  on_progress: Callable[[SnapshotProgress], None] | None = None,
                  ) -> SnapshotReport:
@@ -217,7 +219,9 @@ def run_snapshot(settings: CaptureSettings, spark: SparkLike, *, force: bool,
         spark: the session whose executors read the chunks, or a :class:`LazySpark` handle:
             it is started (in the background) only when there are chunks to read.
         force: the snapshot step was asked for explicitly (``always`` re-snapshots then).
-        contexts: the captured tables (loaded when None).
+        contexts: the captured tables (loaded when None). Of :class:`CapturedTables`, only
+            the tables the step snapshots are built (opened); the others' offsets are
+            looked up without building them.
         progress: receives a log line after each chunk and at each step.
         on_progress: receives the structured progress after each chunk.
 
@@ -227,9 +231,13 @@ def run_snapshot(settings: CaptureSettings, spark: SparkLike, *, force: bool,
             (``TableVanishedError``, after the other tables were committed).
         UnsupportedTypeError: a value the configured handling mode cannot convert.
     """
-    run = _SnapshotRun(settings, spark, list(contexts) if contexts is not None
-                       else load_contexts(settings), progress, on_progress)
-    return run.execute(force)
+    tables = CapturedTables.of(contexts, settings) if contexts is not None \
+        else load_captured(settings)[0]
+    try:
+        return _SnapshotRun(settings, spark, tables, progress, on_progress).execute(force)
+    finally:
+        if contexts is None:
+            tables.close()
 
 
 def _fingerprint(ctx: TableContext, override: str | None) -> str:
@@ -242,12 +250,12 @@ class _SnapshotRun:
     """One snapshot step (state shared by its phases)."""
 
     def __init__(self, settings: CaptureSettings, spark: SparkLike,
-                 contexts: list[TableContext], progress: Callable[[str], None],
+                 contexts: CapturedTables, progress: Callable[[str], None],
                  on_progress: Callable[[SnapshotProgress], None] | None) -> None:
         self.settings = settings
         self.spark = LazySpark.of(spark)
-        self.contexts = {c.relation.qualified: c for c in contexts}
-        self.order = [c.relation.qualified for c in contexts]
+        self.contexts = contexts
+        self.order = list(contexts.names)
         self.progress = progress
         self.on_progress = on_progress
         self.mode = normalise_mode(settings.snapshot_mode)
@@ -283,7 +291,7 @@ class _SnapshotRun:
 
     def _prepare(self, conn: psycopg2.extensions.connection) -> None:
         """Publication, overrides and the source identity (before any slot is created)."""
-        relations = [c.relation for c in self.contexts.values()]
+        relations = self.contexts.relations
         ensure_publication(conn, self.settings.publication, relations,
                            self.settings.publication_autocreate)
         published = published_tables(conn, self.settings.publication)
@@ -317,9 +325,10 @@ class _SnapshotRun:
         with connection(self.settings.dsn) as conn:
             self._prepare(conn)
             slot = slot_info(conn, self.settings.slot)
-        # A context's offset, once set, only grows: open bronze only for tables without one.
-        offsets = {name: ctx.offset is not None or has_offset(ctx)
-                   for name, ctx in self.contexts.items()}
+        # A context's offset, once set, only grows: open bronze only for tables without one
+        # (none for a table the last windows were read for, issue 16).
+        offsets = {name: self.contexts.has_offset(name, lambda: last_capture_set(self.settings))
+                   for name in self.order}
         state = self.log.load()
         open_state = state if state is not None and state.open else None
         decision = decide(self.mode, force=force, slot=slot, slot_name=self.settings.slot,
@@ -333,6 +342,10 @@ class _SnapshotRun:
             report.seconds = time.monotonic() - self.started
             return report
         self.progress(f"snapshot ({self.mode}): {decision.reason}")
+        chosen = decision.tables + decision.empty_tables + (
+            tuple(decision.resume.tables) if decision.resume is not None else ())
+        # Their contexts built together (one schema-history append), no idle table's.
+        self.contexts.build([n for n in dict.fromkeys(chosen) if n in self.contexts])
         if decision.slot_action == "create_plain":
             with connection(self.settings.dsn) as conn:
                 created_at = create_plain_slot(conn, self.settings.slot,

@@ -27,6 +27,7 @@ import psycopg2.extensions
 import pyarrow as pa
 
 from pgcdc_dagster.capture.bronze_write import BronzeWindowWriter, parse_skipped_operations
+from pgcdc_dagster.capture.captured import CapturedTables
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot_modes import missed_windows
@@ -37,7 +38,7 @@ from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.plugins import PGOUTPUT_WIRE
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import ConfigurationError
-from pgcdc_dagster.lake.delta import append_arrow, committed_version, open_table
+from pgcdc_dagster.lake.delta import append_arrow, open_table
 from pgcdc_dagster.lake.memory import release_unused
 from pgcdc_dagster.lake.paths import slot_root
 from pgcdc_dagster.postgres.catalog import load_types
@@ -186,6 +187,12 @@ def capture_set_log(settings: CaptureSettings) -> CaptureSetLog:
             for r in rows]
 
 
+def last_capture_set(settings: CaptureSettings) -> frozenset[tuple[str, str]]:
+    """The tables the last windows were read for (empty when none were read)."""
+    log = capture_set_log(settings)
+    return log[-1][1] if log else frozenset()
+
+
 def record_capture_set(settings: CaptureSettings, position: Lsn,
                        tables: Sequence[tuple[str, str]],
                        log: CaptureSetLog | None = None) -> None:
@@ -215,26 +222,30 @@ def _last_ms(settings: CaptureSettings) -> int:
     return max((v for v in values if v is not None), default=0)
 
 
-def stale_tables(settings: CaptureSettings, contexts: Sequence[TableContext],
+def stale_tables(settings: CaptureSettings,
+                 contexts: Sequence[TableContext] | CapturedTables,
                  confirmed: Lsn, log: CaptureSetLog | None = None,
                  offsets: Mapping[tuple[str, str], int | None] | None = None
                  ) -> list[TableContext]:
     """Tables whose bronze offset was passed by windows read without them (a table removed
     from the capture set and added back): streaming them on would lose those changes.
     ``log``: the log already read by the caller; ``offsets``: bronze offsets by
-    ``(schema, table)`` the caller knows to be current (the others are read from bronze)."""
+    ``(schema, table)`` the caller knows to be current (the others are read from bronze,
+    only for tables some window was read without)."""
     log = capture_set_log(settings) if log is None else log
     if not log:
         return []
+    tables = CapturedTables.of(contexts, settings)
     known = offsets if offsets is not None else {}
     out = []
-    for ctx in contexts:
-        name = ctx.relation.qualified
-        offset = known[name] if name in known else committed_version(
-            open_table(ctx.bronze_uri), ctx.bronze_app_id)
-        if offset is not None and missed_windows(log, ctx.relation.qualified, offset,
-                                                 int(confirmed)):
-            out.append(ctx)
+    for name in tables.names:
+        # Missed from offset 0 on is necessary for missed from any offset: a table in every
+        # set since the slot's start is never opened (issue 16).
+        if not missed_windows(log, name, 0, int(confirmed)):
+            continue
+        offset = known[name] if name in known else tables.offset(name)
+        if offset is not None and missed_windows(log, name, offset, int(confirmed)):
+            out.append(tables[name])
     return out
 
 
@@ -243,17 +254,19 @@ WindowHook = Callable[[Window, Lsn], None]
 segments to the window (incremental-snapshot chunks) and write new WAL (watermarks)."""
 
 
-def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
+def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext] | CapturedTables,
                 ident: SourceIdentity, *, hook: WindowHook | None = None,
                 offsets: Mapping[tuple[str, str], int | None] | None = None
                 ) -> StreamReport:
     """Read and write windows until caught up, out of windows, or out of time.
 
     ``offsets``: bronze offsets by ``(schema, table)`` known to be current (:func:`stale_tables`).
+    Of :class:`CapturedTables`, only the tables the windows carry events for are built
+    (their bronze opened): an idle table is not touched (issue 16).
     """
     started = time.monotonic()
     report = StreamReport()
-    by_name = {c.relation.qualified: c for c in contexts}
+    by_name = CapturedTables.of(contexts, settings)
     skipped = parse_skipped_operations(settings.skipped_operations)
     # One reader per slot: the slot's lock is held for the whole loop (the caller's, when it
     # holds it already) and checked again before each window is made durable.
@@ -261,17 +274,17 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext],
         info = require_usable_slot(conn, settings.slot, settings.plugin_name)
         assert info.confirmed_flush_lsn is not None
         if settings.publication_autocreate == "filtered":
-            ensure_publication(conn, settings.publication, [c.relation for c in contexts])
+            ensure_publication(conn, settings.publication, by_name.relations)
         position = info.confirmed_flush_lsn
         log = capture_set_log(settings)  # read once per run
-        stale = stale_tables(settings, contexts, position, log, offsets)
+        stale = stale_tables(settings, by_name, position, log, offsets)
         if stale:
             raise ConfigurationError(
                 f"{', '.join(c.name for c in stale)}: windows were read while the table was "
                 "out of the capture set, so its changes of that time are not in bronze and "
                 "its offset cannot be reused. Run the micro-batch (bronze) job first: it "
                 "snapshots the table again and replaces its silver.")
-        record_capture_set(settings, position, [c.relation.qualified for c in contexts], log)
+        record_capture_set(settings, position, by_name.names, log)
         heartbeat(conn, settings)
         report.start = position
         cache = _ConverterCache(settings.dsn, settings)

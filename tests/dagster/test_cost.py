@@ -20,7 +20,9 @@ One scenario over two captures of the same database, 3 and 50 tables:
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 import psycopg2
@@ -139,6 +141,28 @@ def _events_by_kind(instance: dg.DagsterInstance, run_id: str) -> dict[str, int]
     return counts
 
 
+def _corrupt_logs(root: str, schema: str, table: str, backup: Path) -> list[tuple[Path, Path]]:
+    """Overwrite every file of the table's bronze and silver Delta logs with garbage (CI
+    runs as root: permissions would not stop a read); returns what :func:`_restore_logs`
+    puts back."""
+    saved = []
+    for layer in ("bronze", "silver"):
+        log = Path(table_uri(root, layer, schema, table)) / "_delta_log"
+        copy = backup / layer
+        shutil.copytree(log, copy)
+        for f in log.iterdir():
+            if f.is_file():
+                f.write_text("not a delta log entry")
+        saved.append((copy, log))
+    return saved
+
+
+def _restore_logs(saved: list[tuple[Path, Path]]) -> None:
+    for copy, log in saved:
+        shutil.rmtree(log)
+        shutil.copytree(copy, log)
+
+
 def test_local_parallelism_is_known_without_a_jvm() -> None:
     assert [local_parallelism(m) for m in ("local", "local[3]", "local[2, 4]",
                                            "spark://h:7077")] == [1, 3, 2, None]
@@ -245,6 +269,11 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
             [dg.AssetCheckKey(dg.AssetKey(["silver", "cost_b", "t5"]), "matches_source")])
         assert [r.status for r in failed.values()] == [AssetCheckExecutionRecordStatus.FAILED]
 
+        # Idle tables are not touched (no Delta log opened): t30's bronze and silver logs
+        # are unreadable during an idle run and a busy run of two other tables.
+        saved = _corrupt_logs(root_b, "cost_b", "t30", tmp_path / "saved")
+        _run(defs["cost_b"], inst_b, "cdc_microbatch")
+
         # Busy: t1 and t7 change; the other 48 stay idle.
         with pg_conn.cursor() as cur:
             cur.execute("UPDATE cost_b.t1 SET v = 'changed' WHERE id <= 3")
@@ -264,6 +293,15 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
         assert history[0].run_id == busy.run_id  # in the asset's history (and its plots)
         meta = history[0].asset_materialization.metadata  # type: ignore[union-attr]
         assert meta["events"].value == 2 and meta["capture_kind"].value == "stream"
+
+        # t30's logs back, then a change to it lands once (5 snapshot rows, 1 insert).
+        _restore_logs(saved)
+        with pg_conn.cursor() as cur:
+            cur.execute("INSERT INTO cost_b.t30 VALUES (6, 'late row')")
+        woke = _run(defs["cost_b"], inst_b, "cdc_microbatch")
+        assert _materialized(woke) == {"bronze/cost_b/t30", "silver/cost_b/t30"}
+        assert DeltaTable(table_uri(root_b, "bronze", "cost_b", "t30")).to_pyarrow_table(
+            ).num_rows == 6
 
         # The snapshot step with nothing to snapshot starts no Spark session.
         settings = CaptureResource(tables="cost_b\\..*", slot="dg_cost_b",
@@ -294,7 +332,7 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
     busy_handle = LazySpark(lambda: spark)
     assert run_snapshot(settings, busy_handle, force=False).rows == 2
     assert busy_handle.created
-    for table in ("t0", "t1", "t2", "t7", "t49", "late", "later"):
+    for table in ("t0", "t1", "t2", "t7", "t30", "t49", "late", "later"):
         uri = table_uri(str(tmp_path / "cost_b"), "silver", "cost_b", table)
         assert_silver_equals_source(pg_conn, uri, "cost_b", table, ["id"])
 
