@@ -89,20 +89,26 @@ class _Batches:
 def read_binary_rows(dsn: str, snapshot_name: str | None, query: sql.Composable, *,
                      batch_bytes: int = BATCH_BYTES,
                      label: str = "snapshot read",
-                     statement_timeout_ms: int = 0) -> Iterator[RowSpans]:
+                     statement_timeout_ms: int = 0,
+                     within: psycopg2.extensions.connection | None = None,
+                     ) -> Iterator[RowSpans]:
     """Yield the query's rows in batches of binary COPY tuples (header and trailer
     removed).
 
     With ``snapshot_name`` the query runs in a REPEATABLE READ READ ONLY transaction that
-    imports that exported snapshot. ``label`` names the work in error messages;
-    ``statement_timeout_ms`` > 0 cancels the query after that long (an override).
+    imports that exported snapshot. ``within``: run it in that connection's open
+    transaction instead (``snapshot_read.open_snapshot_transaction``: many small chunks of
+    one snapshot on one connection); the caller ends the transaction and closes the
+    connection, and uses it no more once a read raised. ``label`` names the work in error
+    messages; ``statement_timeout_ms`` > 0 cancels the query after that long (an override).
 
     Raises:
         TableVanishedError: the table or a column no longer exists.
         SnapshotExpiredError: ``snapshot_name`` can no longer be imported.
         DecodeError: the stream is not binary COPY.
     """
-    conn = connect(dsn, autocommit=False, application_name="pgcdc_dagster chunk reader")
+    conn = within if within is not None else \
+        connect(dsn, autocommit=False, application_name="pgcdc_dagster chunk reader")
     copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(conn)
     stop = threading.Event()
     out = _Queue(stop)
@@ -112,11 +118,12 @@ def read_binary_rows(dsn: str, snapshot_name: str | None, query: sql.Composable,
     def produce() -> None:
         try:
             with conn.cursor() as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                if snapshot_name:
-                    cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-                set_session(cur)
-                if statement_timeout_ms:
+                if within is None:
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    if snapshot_name:
+                        cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+                    set_session(cur)
+                if statement_timeout_ms or within is not None:  # none left from a last read
                     set_timeout(cur, statement_timeout_ms)
                 if USE_SOCKET and copy_socket.plain_socket(cur):
                     clean[0] = False
@@ -161,7 +168,7 @@ def read_binary_rows(dsn: str, snapshot_name: str | None, query: sql.Composable,
         if thread.is_alive():
             conn.cancel()  # the consumer stopped early: end the COPY
         thread.join(timeout=60)
-        if not conn.closed:
+        if within is None and not conn.closed:
             try:
                 if clean[0]:  # libpq can end the transaction (else closing ends it)
                     conn.rollback()

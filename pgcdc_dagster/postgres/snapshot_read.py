@@ -562,6 +562,32 @@ def _translate(exc: psycopg2.Error, label: str) -> Exception:
     return same
 
 
+def open_snapshot_transaction(dsn: str, snapshot_name: str | None, *,
+                              label: str = "snapshot read") -> psycopg2.extensions.connection:
+    """A connection in a REPEATABLE READ READ ONLY transaction that imported
+    ``snapshot_name``, with the session settings pinned: for many reads of one snapshot
+    (``within=`` of :func:`read_text_batches` and ``binary_read.read_binary_rows``). The
+    caller ends the transaction and closes the connection.
+
+    Raises:
+        SnapshotExpiredError: ``snapshot_name`` can no longer be imported.
+    """
+    conn = connect(dsn, autocommit=False, application_name="pgcdc_dagster chunk reader")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            if snapshot_name:
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            set_session(cur)
+    except psycopg2.Error as exc:
+        conn.close()
+        raise _translate(exc, label) from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable,
                       columns: Sequence[str], *, block_size: int = CSV_BLOCK_BYTES,
                       label: str = "snapshot read",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
-from pgcdc_dagster.spark.snapshot_tasks import ChunkResult, Unit, chunks_of, run_chunk
+from pgcdc_dagster.spark.snapshot_tasks import ChunkResult, Unit, chunks_of, run_unit
 
 
 class ChunkResults(AccumulatorParam):  # type: ignore[type-arg]
@@ -31,6 +31,5 @@ class Reported:
         self.results = results
 
     def __call__(self, unit: Unit) -> int:
-        tasks = chunks_of(unit)
-        self.results.add([run_chunk(task) for task in tasks])
-        return len(tasks)
+        self.results.add(run_unit(unit))
+        return len(chunks_of(unit))

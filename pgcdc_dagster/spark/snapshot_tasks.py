@@ -10,7 +10,9 @@ returned files through delta-rs; a task never commits.
 
 Chunks of small tables share a task (:class:`ChunkGroup`, planned by
 :func:`group_small`): a thousand tables of a thousand rows are a few dozen Spark tasks, not a
-thousand, and each task still reads every chunk inside the same exported snapshot.
+thousand, and each task reads its chunks one after the other in one transaction that
+imported the exported snapshot (:class:`SharedTransaction`: one connection per group, not per
+table).
 
 Errors the user can act on (a type the configured mode cannot convert, a table that
 vanished, an expired snapshot) come back as :class:`ChunkError` values instead of Spark task
@@ -46,7 +48,13 @@ from pgcdc_dagster.lake.parquet_layout import SAMPLE_ROWS
 from pgcdc_dagster.lake.storage import filesystem
 from pgcdc_dagster.postgres import snapshot_read
 from pgcdc_dagster.postgres.binary_read import read_binary_rows
-from pgcdc_dagster.postgres.snapshot_read import Chunk, KeyColumn, chunk_query, read_text_batches
+from pgcdc_dagster.postgres.snapshot_read import (
+    Chunk,
+    KeyColumn,
+    chunk_query,
+    open_snapshot_transaction,
+    read_text_batches,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -246,11 +254,12 @@ def _escaped(converters: Sequence[ColumnConverter]) -> set[int]:
             or getattr(getattr(conv, "pgtype", None), "schema", "pg_catalog") != "pg_catalog"}
 
 
-def run_chunk(task: ChunkTask) -> ChunkResult:
-    """Read one chunk and write its bronze and silver Parquet files (runs on a worker)."""
+def run_chunk(task: ChunkTask, shared: SharedTransaction | None = None) -> ChunkResult:
+    """Read one chunk and write its bronze and silver Parquet files (runs on a worker);
+    ``shared``: read it in the transaction the chunks of its group share."""
     started = time.monotonic()
     try:
-        return _run_chunk(task, started)
+        return _run_chunk(task, started, shared)
     except exceptions.PgCdcError as exc:
         message, table = str(exc), f"{task.chunk.schema}.{task.chunk.table}"
         if table not in message:  # e.g. a converter's error names the column, not the table
@@ -263,7 +272,8 @@ def run_chunk(task: ChunkTask) -> ChunkResult:
                            ChunkError("PgCdcError", f"{task.chunk}: {message}"))
 
 
-def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
+def _run_chunk(task: ChunkTask, started: float, shared: SharedTransaction | None
+               ) -> ChunkResult:
     conv = ChunkConverter(task.relation, task.converters, task.ident,
                           bronze_schema=task.bronze_schema, silver_schema=task.silver_schema,
                           lsn=task.lsn, processed_ms=task.processed_ms)
@@ -280,7 +290,7 @@ def _run_chunk(task: ChunkTask, started: float) -> ChunkResult:
     ordered = bool(task.silver_file_bytes) and \
         [k.name for k in task.key] == list(task.relation.key_names)
     query = chunk_query(task.chunk, columns, task.key, task.override, ordered=ordered)
-    groups = _binary_groups(task, conv, query, columns) if task.binary else \
+    groups = _binary_groups(task, conv, query, columns, shared) if task.binary else \
         _text_groups(task, conv, query, columns)
     try:
         first = True
@@ -440,14 +450,16 @@ def _text_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
 
 
 def _binary_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
-                   columns: list[str]) -> Iterator[Converted]:
+                   columns: list[str], shared: SharedTransaction | None = None
+                   ) -> Iterator[Converted]:
     """Row groups read with binary COPY, decoded column-wise (``snapshot_binary``)."""
     kinds = [native_kind(c) for c in task.converters]
     select = binary_select(query, columns, task.converters)
     label = str(task.chunk)
     for rows in read_binary_rows(task.dsn, task.snapshot_name, select,
                                  batch_bytes=task.row_group_bytes, label=label,
-                                 statement_timeout_ms=task.statement_timeout_ms):
+                                 statement_timeout_ms=task.statement_timeout_ms,
+                                 within=None if shared is None else shared.connection(task)):
         batch = split_fields(rows, len(columns), label=label)
         del rows
         pairs = [convert_column(c, k, batch, i)
@@ -491,8 +503,53 @@ def warm_workers(spark: SparkSession) -> threading.Thread | None:
     return thread
 
 
-def _run_unit(unit: Unit) -> list[ChunkResult]:
-    return [run_chunk(task) for task in chunks_of(unit)]
+class SharedTransaction:
+    """The snapshot transaction the chunks of a group (small tables) read in, one after the
+    other: one connection, snapshot import and set of session settings per group instead of
+    per chunk (issue 16: a thousand small tables paid a thousand connections). Opened by
+    the first chunk that needs it; dropped after a chunk's error (its transaction may be
+    aborted, or its reply half read), so the next chunk opens another."""
+
+    def __init__(self) -> None:
+        self.conn: psycopg2.extensions.connection | None = None
+
+    def connection(self, task: ChunkTask) -> psycopg2.extensions.connection:
+        if self.conn is None:
+            self.conn = open_snapshot_transaction(task.dsn, task.snapshot_name,
+                                                  label=str(task.chunk))
+        return self.conn
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None and not conn.closed:
+            try:
+                conn.rollback()
+            except psycopg2.Error:
+                pass  # closing ends the transaction too
+            finally:
+                conn.close()
+
+
+def run_unit(unit: Unit) -> list[ChunkResult]:
+    """Run a unit's chunks in order (runs on a worker); a group's binary reads share one
+    transaction (:class:`SharedTransaction`)."""
+    if isinstance(unit, ChunkTask):
+        return [run_chunk(unit)]
+    shared = SharedTransaction()
+    results: list[ChunkResult] = []
+    try:
+        for task in unit.tasks:
+            try:
+                result = run_chunk(task, shared if task.binary else None)
+            except BaseException:
+                shared.close()
+                raise
+            if result.error is not None:
+                shared.close()
+            results.append(result)
+    finally:
+        shared.close()
+    return results
 
 
 def run_chunks(spark: SparkSession, tasks: Sequence[Unit],
@@ -599,7 +656,7 @@ def _run_threaded(spark: SparkSession, group: str, tasks: Sequence[Unit],
             return []
         sc.setJobGroup(group, f"pgcdc snapshot {unit}", interruptOnCancel=True)
         results: list[list[ChunkResult]] = \
-            sc.parallelize([unit], 1).map(_run_unit).collect()
+            sc.parallelize([unit], 1).map(run_unit).collect()
         return results[0]
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pgcdc-snap") as pool:
