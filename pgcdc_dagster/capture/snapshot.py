@@ -329,8 +329,7 @@ class _SnapshotRun:
         # (none for a table the last windows were read for, issue 16).
         offsets = {name: self.contexts.has_offset(name, lambda: last_capture_set(self.settings))
                    for name in self.order}
-        state = self.log.load()
-        open_state = state if state is not None and state.open else None
+        open_state = self.log.load_open()
         decision = decide(self.mode, force=force, slot=slot, slot_name=self.settings.slot,
                           tables=self.order, offsets=offsets, open_snapshot=open_state,
                           snapshot_include=self._snapshot_include())

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgcdc_dagster.lake.delta import open_table, write_table
 from pgcdc_dagster.lake.paths import slot_root
@@ -199,6 +200,25 @@ class SnapshotLog:
     def finish(self, snapshot_id: int, event: str = "done", reason: str = "") -> None:
         """Close the snapshot: ``done``, or ``abandoned`` with the reason."""
         self._append([_event(snapshot_id, event, payload={"reason": reason})])
+
+    def load_open(self) -> SnapshotState | None:
+        """The latest snapshot's state when it is open (to be resumed), else None. A closed
+        one is recognised from two columns, without parsing its rows: a run with nothing to
+        snapshot pays no row per table of the last snapshot (issue 16)."""
+        table = open_table(self.uri)
+        if table is None:
+            return None
+        data = table.to_pyarrow_table(columns=["snapshot_id", "event"])
+        if data.num_rows == 0:
+            return None
+        ids = data.column("snapshot_id")
+        latest = pc.equal(ids, pc.max(ids))
+        closed = pc.and_(latest, pc.is_in(data.column("event"),
+                                          value_set=pa.array(["done", "abandoned"])))
+        if pc.any(closed).as_py():
+            return None
+        state = self.load()
+        return state if state is not None and state.open else None
 
     def load(self) -> SnapshotState | None:
         """The latest snapshot's state (None when no snapshot was ever recorded)."""

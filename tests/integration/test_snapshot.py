@@ -195,6 +195,7 @@ def test_killed_snapshot_resumes_with_remaining_chunks(pg_dsn, pg_conn, spark, l
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
         state = SnapshotLog(progress_uri(str(lakehouse), "snap")).load()
         assert state is not None and state.open
+        assert SnapshotLog(progress_uri(str(lakehouse), "snap")).load_open() == state
         read_before = sum(len(c) for c in state.chunks.values())
         total = sum(len(p.chunks) for p in state.plans.values())
         assert 5 <= read_before < total
@@ -214,6 +215,7 @@ def test_killed_snapshot_resumes_with_remaining_chunks(pg_dsn, pg_conn, spark, l
     check_snapshot_events(pg_dsn, lakehouse, writer, original)
     state = SnapshotLog(progress_uri(str(lakehouse), "snap")).load()
     assert state is not None and state.finished
+    assert SnapshotLog(progress_uri(str(lakehouse), "snap")).load_open() is None
     points = {c.lsn for chunks in state.chunks.values() for c in chunks.values()}
     assert len(points) == 2, "kept chunks at the first point, the rest at the resumed point"
 
