@@ -276,13 +276,27 @@ def chunk_counts(table_bytes: Sequence[int], chunk_bytes: int, slots: int) -> li
     snapshot has fewer chunks than task slots, the table with the most heap per chunk is
     split once more, as long as each of its chunks keeps :data:`PARALLEL_MIN_CHUNK_BYTES`
     (so a snapshot of one or a few tables uses every core, and many tables are not split
-    for nothing)."""
+    for nothing).
+
+    When there are more chunks than slots, the chunks of the tables read in several are
+    then made a multiple of ``slots`` (the same way, while each keeps
+    :data:`PARALLEL_MIN_CHUNK_BYTES`): 3 chunks on 2 slots read the third alone on one core
+    while the other idles, 4 smaller ones keep both busy to the end."""
     counts = [max(1, -(-size // max(chunk_bytes, 1))) for size in table_bytes]
-    while counts and sum(counts) < slots:
-        best = max(range(len(counts)), key=lambda i: table_bytes[i] / (counts[i] + 1))
+
+    def split_once(candidates: Sequence[int]) -> bool:
+        best = max(candidates, key=lambda i: table_bytes[i] / (counts[i] + 1))
         if table_bytes[best] // (counts[best] + 1) < PARALLEL_MIN_CHUNK_BYTES:
-            break
+            return False
         counts[best] += 1
+        return True
+
+    while counts and sum(counts) < slots and split_once(range(len(counts))):
+        pass
+    while slots > 1 and sum(counts) > slots:
+        split = [i for i, count in enumerate(counts) if count > 1]
+        if not split or sum(counts[i] for i in split) % slots == 0 or not split_once(split):
+            break
     return counts
 
 

@@ -235,3 +235,9 @@ def test_chunk_counts() -> None:
     assert chunk_counts([50 * mib, 5 * mib], 64 * mib, 4) == [3, 1]  # the biggest first
     assert chunk_counts([20 * mib] * 100, 64 * mib, 2) == [1] * 100  # enough chunks already
     assert chunk_counts([93 * mib, 93 * mib], 64 * mib, 2) == [2, 2]
+    # chunks of split tables in whole waves of the slots: 3 -> 4, 7 -> 8, 5 -> 8
+    assert chunk_counts([140 * mib], 64 * mib, 2) == [4]
+    assert chunk_counts([400 * mib], 64 * mib, 2) == [8]
+    assert chunk_counts([300 * mib], 64 * mib, 4) == [8]
+    assert chunk_counts([140 * mib, 20 * mib], 64 * mib, 2) == [4, 1]  # single chunks: as they are
+    assert chunk_counts([20 * mib], 64 * mib, 3) == [2]  # chunks keep their minimum size
