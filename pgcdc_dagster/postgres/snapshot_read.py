@@ -326,14 +326,21 @@ def plan_key_chunks(conn: psycopg2.extensions.connection, schema: str, table: st
                     key: Sequence[KeyColumn], chunks: int, size: TableSize) -> list[Chunk]:
     """Split the key space into about ``chunks`` ranges that partition it.
 
-    Boundaries are quantiles of a ``TABLESAMPLE SYSTEM`` sample of the keys: whole random
+    Boundaries are quantiles of the keys: for a single key column of a type without
+    collation (:data:`HISTOGRAM_TYPES`), those of its ``pg_stats`` histogram when ANALYZE
+    has made one (a row-level sample, so ranges hold nearly equal rows, and no read of the
+    table); otherwise those of a ``TABLESAMPLE SYSTEM`` sample of the keys: whole random
     heap blocks, ``SAMPLE_BLOCKS_PER_CHUNK`` per range (at most ``SAMPLE_MAX_BLOCKS``), so
     that a table stored in key order still yields spread-out keys, and skewed or sparse keys
-    give ranges of similar size. They only balance the work: whatever they are, the ranges
-    cover every key exactly once.
+    give ranges of similar size. They only balance the work: whatever they are (the
+    statistics may be stale), the ranges cover every key exactly once, since the
+    boundaries are sorted by the key's own ordering.
     """
     if chunks <= 1 or not key:
         return _ranges(schema, table, [])
+    histogram = _histogram_bounds(conn, schema, table, key)
+    if len(histogram) > chunks:
+        return _ranges(schema, table, _picked(histogram, chunks, len(histogram) - 1))
     wanted = min(max(chunks * SAMPLE_BLOCKS_PER_CHUNK, 200), SAMPLE_MAX_BLOCKS)
     percent = 100.0 if size.blocks <= wanted else 100.0 * wanted / size.blocks
     # Aliases keep ORDER BY on the key columns themselves (not on their text).
@@ -348,12 +355,47 @@ def plan_key_chunks(conn: psycopg2.extensions.connection, schema: str, table: st
         sample = cur.fetchall()
     if len(sample) < chunks:
         return _ranges(schema, table, [])
+    return _ranges(schema, table, _picked(sample, chunks, len(sample)))
+
+
+def _picked(values: Sequence[Sequence[str]], chunks: int, span: int
+            ) -> list[tuple[str, ...]]:
+    """The ``chunks - 1`` boundaries at even steps through ``values`` (sorted keys), each
+    once."""
     bounds: list[tuple[str, ...]] = []
     for i in range(1, chunks):
-        pick = tuple(sample[(len(sample) * i) // chunks])
+        pick = tuple(values[(span * i) // chunks])
         if not bounds or pick != bounds[-1]:
             bounds.append(pick)
-    return _ranges(schema, table, bounds)
+    return bounds
+
+
+HISTOGRAM_TYPES = frozenset({"smallint", "integer", "bigint", "uuid", "date",
+                             "timestamp without time zone", "timestamp with time zone"})
+"""Key types whose ``pg_stats`` histogram may place chunk boundaries (``numeric(p,s)`` too):
+no collation, so the histogram's order is the order the range conditions compare in."""
+
+
+def _histogram_bounds(conn: psycopg2.extensions.connection, schema: str, table: str,
+                      key: Sequence[KeyColumn]) -> list[tuple[str]]:
+    """The single key column's ``pg_stats`` histogram bounds as text, sorted by the key's
+    ordering (the parent's statistics over its children first, as the chunk's ``SELECT``
+    reads them); [] when there is none or the key does not qualify. Sorted by the typed
+    value (``_h._b``), never by its text: ``'142131' < '57534'``."""
+    if len(key) != 1:
+        return []
+    (column,) = key
+    if column.sql_type not in HISTOGRAM_TYPES and \
+            not re.fullmatch(r"numeric(\(\d+(,\d+)?\))?", column.sql_type):
+        return []
+    with conn.cursor() as cur:
+        set_session(cur, local=False)
+        cur.execute(sql.SQL(
+            "SELECT _h._b::text AS bound FROM unnest((SELECT histogram_bounds::text::{}[] "
+            "FROM pg_stats WHERE schemaname = %s AND tablename = %s AND attname = %s "
+            "ORDER BY inherited DESC LIMIT 1)) AS _h(_b) ORDER BY _h._b").format(
+                sql.SQL(column.sql_type)), (schema, table, column.name))
+        return [(str(row[0]),) for row in cur.fetchall()]
 
 
 # --- queries -----------------------------------------------------------------------------

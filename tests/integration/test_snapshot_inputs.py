@@ -26,6 +26,7 @@ from pgcdc_dagster.postgres.snapshot_read import (
     chunk_query,
     key_columns,
     plan_chunks,
+    plan_key_chunks,
     read_text_batches,
     table_size,
     validate_override,
@@ -241,3 +242,44 @@ def test_chunk_counts() -> None:
     assert chunk_counts([300 * mib], 64 * mib, 4) == [8]
     assert chunk_counts([140 * mib, 20 * mib], 64 * mib, 2) == [4, 1]  # single chunks: as they are
     assert chunk_counts([20 * mib], 64 * mib, 3) == [2]  # chunks keep their minimum size
+
+
+def _rows_per_chunk(conn, chunks, key) -> list[int]:
+    with conn.cursor() as cur:
+        out = []
+        for chunk in chunks:
+            cur.execute(chunk_query(chunk, ["id"], key))
+            out.append(len(cur.fetchall()))
+        return out
+
+
+def test_key_chunks_from_the_histogram_hold_equal_rows(pg_conn) -> None:
+    """A single bigint key's chunk boundaries come from its pg_stats histogram once ANALYZE
+    made one: near-equal rows per chunk (a block sample of a table stored in key order
+    gives 15-25 % apart), and every key in exactly one chunk, also once the statistics are
+    stale; without statistics, and for a text key, the block sample still partitions."""
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE hist (id bigint PRIMARY KEY, pad text); "
+                    "INSERT INTO hist SELECT g * 3, repeat('p', 50) "
+                    "FROM generate_series(1, 60000) g; "
+                    "CREATE TABLE plain (id text PRIMARY KEY); "
+                    "INSERT INTO plain SELECT 'k' || g FROM generate_series(1, 20000) g")
+    key = key_columns(pg_conn, "public", "hist")
+    size = table_size(pg_conn, "public", "hist")
+    sampled = plan_key_chunks(pg_conn, "public", "hist", key, 4, size)  # no statistics yet
+    assert sum(_rows_per_chunk(pg_conn, sampled, key)) == 60000
+    with pg_conn.cursor() as cur:
+        cur.execute("ANALYZE hist; ANALYZE plain")
+    chunks = plan_key_chunks(pg_conn, "public", "hist", key, 4, size)
+    counts = _rows_per_chunk(pg_conn, chunks, key)
+    assert len(chunks) == 4 and sum(counts) == 60000
+    assert max(counts) - min(counts) < 60000 // 4 // 10, counts  # within 10 % of a chunk
+    with pg_conn.cursor() as cur:  # stale statistics: new keys beyond the histogram
+        cur.execute("INSERT INTO hist SELECT g * 3 + 1, 'x' FROM generate_series(1, 70000) g")
+    stale = plan_key_chunks(pg_conn, "public", "hist", key, 4, size)
+    assert [c.upper for c in stale] == [c.upper for c in chunks]
+    assert sum(_rows_per_chunk(pg_conn, stale, key)) == 130000
+    text_key = key_columns(pg_conn, "public", "plain")
+    texts = plan_key_chunks(pg_conn, "public", "plain", text_key, 3,
+                            table_size(pg_conn, "public", "plain"))
+    assert sum(_rows_per_chunk(pg_conn, texts, text_key)) == 20000
