@@ -20,6 +20,7 @@ import dagster as dg
 import pyarrow as pa
 from pydantic import Field
 
+from assets.event_storage import event_files_held
 from assets.keys import (
     SLOT_KEY,
     bronze_key,
@@ -377,20 +378,23 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
             context.log.warning(Resolution(skipped=run.skipped).warning())
         health = None if run.stream is not None else slot_health(postgres.dsn, capture.slot)
         by_name = {c.relation.qualified: c for c in run.contexts}
-        for s, t in tables:
-            ctx = by_name.get((s, t))
-            if ctx is None:
-                raise dg.Failure(f"{display_name(s, t)} is no longer captured (dropped, or no "
-                                 "longer matched by the include list): reload the code "
-                                 "location")
-            yield dg.MaterializeResult(
-                asset_key=bronze_key(s, t),
-                metadata={**_bronze_metadata(run, ctx, before[(s, t)], seconds, health),
-                          **skipped_metadata(run.skipped)})
-        for name in META_TABLES:
-            uri = lakehouse.internal(name)
-            yield dg.MaterializeResult(asset_key=meta_key(name), metadata=meta_table_metadata(
-                run.stream, name, uri, meta_before[name], seconds))
+        # Dagster stores each result's events while this generator waits at its yield: on
+        # the default SQLite instance, cheaper while the event storage is held.
+        with event_files_held(context.instance, context.run_id):
+            for s, t in tables:
+                ctx = by_name.get((s, t))
+                if ctx is None:
+                    raise dg.Failure(f"{display_name(s, t)} is no longer captured (dropped, or "
+                                     "no longer matched by the include list): reload the code "
+                                     "location")
+                yield dg.MaterializeResult(
+                    asset_key=bronze_key(s, t),
+                    metadata={**_bronze_metadata(run, ctx, before[(s, t)], seconds, health),
+                              **skipped_metadata(run.skipped)})
+            for name in META_TABLES:
+                uri = lakehouse.internal(name)
+                yield dg.MaterializeResult(asset_key=meta_key(name), metadata=(
+                    meta_table_metadata(run.stream, name, uri, meta_before[name], seconds)))
 
     @dg.multi_asset(name="silver", **multi_asset_io(silver_specs, can_subset=True, deps=deps))
     def silver(context: dg.AssetExecutionContext, postgres: PostgresResource,
@@ -409,10 +413,11 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
                 ctx, session, settings.silver_spark_threshold_rows)))
             crash_point("after_silver_merge")  # as run_silver: the crash tests' kill point
         health = slot_health(postgres.dsn, capture.slot)
-        for ctx, before, bronze_from, report in reports:
-            yield dg.MaterializeResult(
-                asset_key=silver_key(*ctx.relation.qualified),
-                metadata=_silver_metadata(report, ctx, before, bronze_from, health))
+        with event_files_held(context.instance, context.run_id):
+            for ctx, before, bronze_from, report in reports:
+                yield dg.MaterializeResult(
+                    asset_key=silver_key(*ctx.relation.qualified),
+                    metadata=_silver_metadata(report, ctx, before, bronze_from, health))
 
     return [bronze, silver]
 

@@ -27,6 +27,7 @@ import pyarrow as pa
 from deltalake.exceptions import DeltaError
 
 from assets.capture import CAPTURE_POOL
+from assets.event_storage import event_files_held
 from assets.keys import SLOT_KEY, bronze_key, multi_check, silver_key, table_of_key
 from assets.run_ranges import table_runs
 from pgcdc_dagster.capture.settings import CaptureSettings
@@ -128,18 +129,22 @@ def _per_table(context: dg.AssetCheckExecutionContext, postgres: PostgresResourc
         for key in keys:
             yield not_evaluated(key, explain_error(exc, redact))
         return
-    for key in keys:
-        ctx = contexts.get(_table(key))
-        if ctx is None:
-            why = left_out.get(_table(key))  # e.g. SELECT revoked: the reason and the GRANT
-            yield not_evaluated(key, why.describe() if why is not None else
-                                 f"{display_name(*_table(key))} is no longer captured "
-                                 "(dropped, or not matched by the include list)")
-            continue
-        try:
-            yield evaluate(key, ctx)
-        except EXPECTED_ERRORS as exc:
-            yield not_evaluated(key, explain_error(exc, redact))
+    # Dagster stores each evaluation while this generator waits at its yield: on the
+    # default SQLite instance, cheaper while the event storage is held.
+    op_context = context.op_execution_context
+    with event_files_held(op_context.instance, op_context.run_id):
+        for key in keys:
+            ctx = contexts.get(_table(key))
+            if ctx is None:
+                why = left_out.get(_table(key))  # e.g. SELECT revoked: the reason, the GRANT
+                yield not_evaluated(key, why.describe() if why is not None else
+                                     f"{display_name(*_table(key))} is no longer captured "
+                                     "(dropped, or not matched by the include list)")
+                continue
+            try:
+                yield evaluate(key, ctx)
+            except EXPECTED_ERRORS as exc:
+                yield not_evaluated(key, explain_error(exc, redact))
 
 
 def evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:

@@ -2,19 +2,41 @@
 
 The default instance (``storage: sqlite``, what a fresh ``DAGSTER_HOME`` gets) keeps each
 run's events in a SQLite file of its own and mirrors asset events and check evaluations into
-an index file. It opens a new connection for every write and closes it after the commit; in
-WAL mode the last connection to close a database checkpoints the WAL into it and deletes it,
-so every event paid a checkpoint (more writes and fsyncs) on top of its commit: four of them
-per table for an initial snapshot of many tables, more than half of the run (issue 16).
+an index file. For every write it creates a new SQLAlchemy engine (so each statement is
+compiled afresh: the compiled-statement cache lives on the engine), opens a connection,
+commits and closes it; and in WAL mode the last connection to close a database checkpoints
+the WAL into it and deletes it. An initial snapshot reports four events per table and the
+``capture_checks`` sweep three per table, each several writes (issue 16).
 
-:func:`event_files_held` holds one idle connection on the run's file and on the index file
-while the capture op reports its tables: no write's connection is then the last to close,
-and SQLite checkpoints the WAL as it grows (every 1,000 pages, its automatic checkpoint)
-instead of at every event. The events, their order and what readers see are unchanged (the
-connection reads nothing and holds no transaction, so it blocks neither writers nor
-checkpoints). Measured on this project's machine kind: 38-56 ms per materialization event
-without, 21-26 ms with (load 9). Any other event storage (PostgreSQL, MySQL, Dagster+) is
-left alone, and a file that cannot be opened is simply not held.
+:func:`event_files_held`, around the ops that report many events, does two things on that
+storage and nothing on any other (PostgreSQL, MySQL, Dagster+, in-memory):
+
+* it holds one idle connection on the run's file and on the index file, so no write's
+  connection is the last to close: SQLite checkpoints the WAL as it grows (every 1,000 pages,
+  its automatic checkpoint) instead of at every event;
+* it makes the storage keep one engine per file for the block (:class:`SharedEngines`): each
+  write still opens its own connection (SQLAlchemy's ``NullPool``) under the storage's lock,
+  with Dagster's busy timeout and first-use schema set-up, and commits and closes it, as
+  Dagster's own ``_connect`` does; only the engine and its compiled statements are reused.
+  The storage's ``has_table`` (asked once per check evaluation) and its check of the asset
+  key table's index columns (once per materialization) answer from what they found earlier
+  in the block when that was *present*; an absent table is asked again.
+
+The events, their order, their content and what readers see (other processes included) are
+unchanged: nothing is batched, every write is committed before ``log_event`` returns, and the
+held connection reads nothing and holds no transaction, so it blocks neither writers nor
+checkpoints. After the block the storage's own methods are back (even when the block raised)
+and the files are released.
+
+Dagster's private names relied on (``dagster`` 1.13.27, pinned; checked before use, and when
+any is missing or a subclass overrides a method, the storage is left to Dagster's own path):
+the class ``SqliteEventLogStorage`` and ``INDEX_SHARD_NAME`` of
+``dagster._core.storage.event_log.sqlite.sqlite_event_log`` and that module's
+``SQLITE_BUSY_TIMEOUT_SECONDS``; the storage's methods ``path_for_shard``,
+``conn_string_for_shard``, ``_connect``, ``_initdb``, ``has_table`` and
+``_has_asset_key_index_cols_on_connection`` (replaced for the block by instance attributes,
+which Python looks up before the class's methods) and its attributes ``_db_lock`` and
+``_initialized_dbs``.
 """
 
 from __future__ import annotations
@@ -22,20 +44,139 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
+import dagster._check as check
+import sqlalchemy as sa
+from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
     SqliteEventLogStorage,
 )
+from sqlalchemy.pool import NullPool
 
 log = logging.getLogger(__name__)
 
+REPLACED = ("_connect", "has_table", "_has_asset_key_index_cols_on_connection")
+"""The storage methods :class:`SharedEngines` replaces for the block."""
+_USED = ("_initdb", "conn_string_for_shard", "path_for_shard")
+"""The storage methods it calls."""
+
+
+def _busy_timeout() -> float | None:
+    value = getattr(sqlite_event_log, "SQLITE_BUSY_TIMEOUT_SECONDS", None)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def engines_shareable(storage: object) -> bool:
+    """Whether ``storage`` is Dagster's own SQLite event storage with every private name
+    :class:`SharedEngines` relies on, none of them overridden by a subclass."""
+    if not isinstance(storage, SqliteEventLogStorage) or _busy_timeout() is None:
+        return False
+    cls = type(storage)
+    for name in (*REPLACED, *_USED):
+        ours = getattr(SqliteEventLogStorage, name, None)
+        if not callable(ours) or getattr(cls, name, None) is not ours:
+            return False
+    if any(name in vars(storage) for name in REPLACED):
+        return False  # replaced already (an enclosing block, or someone else): leave it
+    return isinstance(getattr(storage, "_initialized_dbs", None), set) and \
+        hasattr(getattr(storage, "_db_lock", None), "__enter__")
+
+
+class SharedEngines:
+    """Dagster's SQLite ``_connect`` with one engine per shard for the block's duration.
+
+    Same connection per write (``NullPool``: opened for the write, closed after its commit),
+    same ``_db_lock``, same busy timeout, same ``_initdb`` on a shard's first use."""
+
+    def __init__(self, storage: SqliteEventLogStorage) -> None:
+        self._storage = storage
+        self._engines: dict[str, sa.Engine] = {}
+        self._engines_lock = threading.Lock()  # has_table runs outside the storage's lock
+        self._tables: set[str] = set()
+        self._index_cols = False
+        self._timeout = _busy_timeout()
+
+    def engine(self, shard: str) -> sa.Engine:
+        with self._engines_lock:
+            engine = self._engines.get(shard)
+            if engine is None:
+                engine = sa.create_engine(self._storage.conn_string_for_shard(shard),
+                                          poolclass=NullPool,
+                                          connect_args={"timeout": self._timeout})
+                self._engines[shard] = engine
+            return engine
+
+    @contextlib.contextmanager
+    def connect(self, shard: str) -> Iterator[sa.Connection]:
+        """``SqliteEventLogStorage._connect`` with the shard's engine kept."""
+        storage: Any = self._storage
+        with storage._db_lock:
+            check.str_param(shard, "shard")
+            engine = self.engine(shard)
+            if shard not in storage._initialized_dbs:
+                storage._initdb(engine)
+                storage._initialized_dbs.add(shard)
+            with engine.connect() as conn, conn.begin():
+                yield conn
+
+    def has_table(self, table_name: str) -> bool:
+        """``has_table`` on the index file; a table found stays found for the block."""
+        if table_name in self._tables:
+            return True
+        engine = self.engine(INDEX_SHARD_NAME)
+        with engine.connect() as conn:
+            found = bool(engine.dialect.has_table(conn, table_name))
+        if found:
+            self._tables.add(table_name)
+        return found
+
+    def has_asset_key_index_cols(self, conn: sa.Connection) -> bool:
+        """The asset key table's index columns, asked on ``conn`` until found once."""
+        if not self._index_cols:
+            self._index_cols = bool(
+                SqliteEventLogStorage._has_asset_key_index_cols_on_connection(self._storage,
+                                                                              conn))
+        return self._index_cols
+
+    def dispose(self) -> None:
+        with self._engines_lock:
+            for engine in self._engines.values():
+                engine.dispose()
+            self._engines.clear()
+
 
 @contextlib.contextmanager
-def event_files_held(instance: dg.DagsterInstance, run_id: str) -> Iterator[int]:
+def engines_shared(instance: dg.DagsterInstance) -> Iterator[bool]:
+    """Within the block, the instance's default SQLite event storage keeps one engine per
+    file (:class:`SharedEngines`); yields whether it does (False for any other storage, or
+    when a private name it relies on is missing)."""
+    storage = instance.event_log_storage
+    if not engines_shareable(storage):
+        yield False
+        return
+    assert isinstance(storage, SqliteEventLogStorage)
+    shared = SharedEngines(storage)
+    replacements = dict(zip(REPLACED, (shared.connect, shared.has_table,
+                                       shared.has_asset_key_index_cols), strict=True))
+    for name, method in replacements.items():
+        setattr(storage, name, method)
+    try:
+        yield True
+    finally:
+        for name, method in replacements.items():
+            if vars(storage).get(name) is method:
+                delattr(storage, name)
+        shared.dispose()
+
+
+@contextlib.contextmanager
+def files_held(instance: dg.DagsterInstance, run_id: str) -> Iterator[int]:
     """Within the block, the run's event file and the index file stay open (on the default
     SQLite event storage); yields how many files are held (0 for any other storage)."""
     storage = instance.event_log_storage
@@ -60,3 +201,13 @@ def event_files_held(instance: dg.DagsterInstance, run_id: str) -> Iterator[int]
     finally:
         for conn in held:
             conn.close()
+
+
+@contextlib.contextmanager
+def event_files_held(instance: dg.DagsterInstance, run_id: str) -> Iterator[int]:
+    """Around an op that reports many events: on the default SQLite event storage, the run's
+    event file and the index stay open (:func:`files_held`) and the storage keeps one engine
+    per file (:func:`engines_shared`). Yields how many files are held (0 for any other
+    storage, which is left alone)."""
+    with files_held(instance, run_id) as held, engines_shared(instance):
+        yield held

@@ -49,6 +49,7 @@ from assets.capture import (
     bronze_column_schema,
     meta_key,
 )
+from assets.event_storage import event_files_held
 from assets.jobs import INCREMENTAL
 from assets.keys import SLOT_KEY, bronze_key, dep_ins, silver_key, source_key
 from assets.partitions import INCREMENTAL_PARTITIONS, partition_table
@@ -217,6 +218,16 @@ def build_incremental(tables: Sequence[tuple[str, str]],
                              postgres: PostgresResource, lakehouse: LakehouseResource,
                              capture: CaptureResource,
                              spark: SparkResource) -> dg.MaterializeResult[Any]:
+        # A bronze materialization per captured table: on the default SQLite instance,
+        # each costs less while the event storage is held (assets/event_storage.py).
+        with event_files_held(context.instance, context.run_id):
+            return run_incremental_snapshot(context, config, postgres, lakehouse, capture,
+                                            spark)
+
+    def run_incremental_snapshot(context: dg.AssetExecutionContext,
+                                 config: IncrementalConfig, postgres: PostgresResource,
+                                 lakehouse: LakehouseResource, capture: CaptureResource,
+                                 spark: SparkResource) -> dg.MaterializeResult[Any]:
         hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
         settings = capture.settings(postgres.dsn, lakehouse.root)
         if config.chunk_size > 0:

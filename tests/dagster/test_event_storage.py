@@ -1,27 +1,62 @@
-"""The capture op holds the run's SQLite event files open while it reports (issue 16).
+"""The ops that report many events keep the default SQLite event storage cheap (issue 16).
 
-On the default SQLite event storage every write opens and closes a connection; when no other
-connection is open, that close checkpoints the WAL into the database and deletes it, once per
-event. Inside :func:`event_files_held` the WAL survives each write (no checkpoint per event),
-every event is stored and read back as usual, and after the block the files are released (the
-last close checkpoints, as Dagster's own would). Other storages are left alone.
+On the default SQLite event storage every write creates an engine (its statements compiled
+afresh), opens and closes a connection; when no other connection is open, that close
+checkpoints the WAL into the database and deletes it, once per event. Inside
+:func:`event_files_held` the run's event file and the index stay open (the WAL survives each
+write) and the storage keeps one engine per file; what is stored and what readers see must
+not change:
+
+* a run reporting inside the block stores exactly what the same run stores without it: its
+  events (types, order, content), the assets' materializations and latest materialization,
+  materialized partitions, indexed tags, the checks' execution records and statuses;
+* the storage's own methods are back after the block, also after an exception in it, and a
+  run started inside a block (its event file created through the shared engines) is stored;
+* two processes report at the same time, each inside its block, into one ``DAGSTER_HOME``,
+  while a third process reads both runs' events, asset records and check executions before
+  either block has closed: everything is there;
+* other storages, and a storage whose private names are not Dagster's own, are left alone.
 """
 
 # No ``from __future__ import annotations``: Dagster reads the op's context annotation.
 
+import contextlib
 import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import dagster as dg
+import pytest
+from dagster._core.events.log import EventLogEntry
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.event_log.sqlite import sqlite_event_log
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
-from assets.event_storage import event_files_held
+from assets.event_storage import (
+    REPLACED,
+    engines_shareable,
+    engines_shared,
+    event_files_held,
+)
 
 EVENTS = 20
+TABLES = 6
+DATES = ["2024-01-01", "2024-01-02", "2024-01-03"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _wal_files(instance: dg.DagsterInstance, run_id: str) -> list[bool]:
     storage = instance.event_log_storage
     return [os.path.exists(storage.path_for_shard(shard) + "-wal")  # type: ignore[attr-defined]
             for shard in (run_id, "index")]
+
+
+def _replaced(instance: dg.DagsterInstance) -> list[str]:
+    return [name for name in REPLACED if name in vars(instance.event_log_storage)]
 
 
 def test_event_files_stay_open_while_the_op_reports() -> None:
@@ -32,6 +67,7 @@ def test_event_files_stay_open_while_the_op_reports() -> None:
         instance, run_id = context.instance, context.run_id
         with event_files_held(instance, run_id) as held:
             seen["held"] = held
+            seen["replaced"] = _replaced(instance)
             for i in range(EVENTS):
                 context.log_event(dg.AssetMaterialization(asset_key=["bronze", "s", f"t{i}"],
                                                           metadata={"events": i}))
@@ -39,6 +75,7 @@ def test_event_files_stay_open_while_the_op_reports() -> None:
                     asset_key=dg.AssetKey(["bronze", "s", f"t{i}"]), check_name="c",
                     passed=True))
             seen["inside"] = _wal_files(instance, run_id)
+        seen["replaced after"] = _replaced(instance)
         context.log_event(dg.AssetMaterialization(asset_key=["bronze", "s", "after"]))
         seen["after"] = _wal_files(instance, run_id)
 
@@ -51,6 +88,8 @@ def test_event_files_stay_open_while_the_op_reports() -> None:
         assert result.success
         assert seen["inside"] == [True, True], "a write checkpointed the WAL away"
         assert seen["held"] == 2
+        assert seen["replaced"] == list(REPLACED), "the engines were not shared"
+        assert seen["replaced after"] == [], "the storage's own methods are not back"
         assert seen["after"] == [False, False], "the files were not released"
         stored = instance.get_records_for_run(result.run_id, limit=1000).records
         kinds = [r.event_log_entry.dagster_event_type for r in stored]
@@ -60,6 +99,296 @@ def test_event_files_stay_open_while_the_op_reports() -> None:
         assert latest is not None and latest.asset_materialization is not None
         assert latest.asset_materialization.metadata["events"].value == 7
 
-    with dg.DagsterInstance.ephemeral() as memory:  # not SQLite: nothing is held
+    with dg.DagsterInstance.ephemeral() as memory:  # not SQLite: nothing is held or replaced
         with event_files_held(memory, "any") as held:
             assert held == 0
+            assert _replaced(memory) == []
+
+
+# ---- the same run with and without the block ------------------------------------------------
+
+def _key(label: str, i: int) -> dg.AssetKey:
+    return dg.AssetKey(["bronze", label, f"t{i}"])
+
+
+def _keys(label: str) -> list[dg.AssetKey]:
+    return [_key(label, i) for i in range(TABLES)]
+
+
+def _shared_key() -> dg.AssetKey:
+    return dg.AssetKey(["bronze", "shared", "dates"])
+
+
+def _check_keys(label: str) -> list[dg.AssetCheckKey]:
+    return [dg.AssetCheckKey(_key(label, i), name) for i in range(TABLES)
+            for name in ("lsn_windows_contiguous", "schema_matches_source")] + \
+        [dg.AssetCheckKey(_shared_key(), "matches_source")]
+
+
+def report_tables(context: dg.OpExecutionContext, label: str) -> None:
+    """What a capture op reports, in all its kinds: materializations with a column schema and
+    an indexed tag, partitioned ones (of a key other reporters share), an observation,
+    passing and failing checks (one of them a warning, one partitioned) and log lines."""
+    schema = dg.TableSchema(columns=[dg.TableColumn("id", "int64", description="key"),
+                                     dg.TableColumn("name", "string")])
+    for i in range(TABLES):
+        context.log_event(dg.AssetMaterialization(
+            asset_key=_key(label, i), description=f"table {i}",
+            metadata={"events": i, "lsn_end": f"0/{i:X}", "dagster/column_schema": schema,
+                      "table_uri": dg.MetadataValue.path(f"/lake/{label}/t{i}")},
+            tags={"dagster/data_version": f"{label}-{i}"}))
+        context.log_event(dg.AssetCheckEvaluation(
+            asset_key=_key(label, i), check_name="lsn_windows_contiguous", passed=i != 2,
+            metadata={"windows": i}, description="windows"))
+        context.log_event(dg.AssetCheckEvaluation(
+            asset_key=_key(label, i), check_name="schema_matches_source", passed=True,
+            severity=dg.AssetCheckSeverity.WARN if i == 3 else dg.AssetCheckSeverity.ERROR))
+        context.log.info(f"table {i} of {label} reported")
+    for date in DATES:
+        context.log_event(dg.AssetMaterialization(asset_key=_shared_key(), partition=date,
+                                                  metadata={"reporter": label}))
+    context.log_event(dg.AssetCheckEvaluation(
+        asset_key=_shared_key(), check_name="matches_source", passed=False, partition=DATES[0],
+        metadata={"reporter": label}))
+    context.log_event(dg.AssetObservation(asset_key=["source", "replication_slot"],
+                                          metadata={"lag_bytes": 42}))
+
+
+class ReportConfig(dg.Config):
+    label: str = "s"
+    held: bool = True
+    wait_dir: str = ""
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.05)
+
+
+@dg.op
+def report(context: dg.OpExecutionContext, config: ReportConfig) -> None:
+    held = event_files_held(context.instance, context.run_id) if config.held \
+        else contextlib.nullcontext(0)
+    with held:
+        if config.wait_dir:  # both reporters inside their blocks before either reports
+            wait = Path(config.wait_dir)
+            (wait / f"ready_{config.label}").touch()
+            for other in ("a", "b"):
+                _wait_for(wait / f"ready_{other}")
+        report_tables(context, config.label)
+        if config.wait_dir:  # stay in the block until the reader has read
+            (wait / f"reported_{config.label}").touch()
+            _wait_for(wait / "read")
+
+
+@dg.job
+def reporting() -> None:
+    report()
+
+
+def _run(instance: dg.DagsterInstance, **config: Any) -> str:
+    result = reporting.execute_in_process(
+        instance=instance, run_config={"ops": {"report": {"config": config}}})
+    assert result.success
+    return result.run_id
+
+
+def _event_view(entry: EventLogEntry) -> tuple[Any, ...]:
+    """An event without what differs between two runs of the same job (ids, times, pids)."""
+    event = entry.dagster_event
+    if event is None:
+        return ("log", entry.level, entry.user_message)
+    if event.is_step_materialization:
+        m = event.step_materialization_data.materialization
+        return (event.event_type_value, event.step_key, m.asset_key, m.partition, m.description,
+                dict(m.metadata), dict(m.tags or {}))
+    if event.is_asset_observation:
+        o = event.asset_observation_data.asset_observation
+        return (event.event_type_value, event.step_key, o.asset_key, dict(o.metadata))
+    if event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+        c = event.asset_check_evaluation_data
+        return (event.event_type_value, event.step_key, c.asset_key, c.check_name, c.passed,
+                c.severity, c.partition, c.description, dict(c.metadata))
+    return (event.event_type_value, event.step_key)
+
+
+def _stored(instance: dg.DagsterInstance, run_id: str, label: str) -> dict[str, Any]:
+    """Everything a reader (the UI) reads of one reporting run."""
+    keys = _keys(label)
+    checks = _check_keys(label)
+    storage = instance.event_log_storage
+    latest_checks = storage.get_latest_asset_check_execution_by_key(checks)
+    records = instance.get_asset_records(keys)
+    return {
+        "events": [_event_view(r.event_log_entry)
+                   for r in instance.get_records_for_run(run_id, limit=10_000).records],
+        "materializations": {
+            key.to_user_string(): [_event_view(r.event_log_entry) for r in
+                                   instance.fetch_materializations(key, limit=100).records]
+            for key in [*keys, _shared_key()]},
+        "latest": {key.to_user_string(): _event_view(e) if e is not None else None
+                   for key in keys
+                   for e in [instance.get_latest_materialization_event(key)]},
+        "asset records last run": {r.asset_entry.asset_key.to_user_string():
+                                   r.asset_entry.last_run_id == run_id for r in records},
+        "asset keys": sorted(k.to_user_string() for k in instance.get_asset_keys()),
+        "partitions": sorted(instance.get_materialized_partitions(_shared_key())),
+        "tags": {key.to_user_string(): list(instance.get_event_tags_for_asset(key))
+                 for key in keys},
+        "check executions": {
+            f"{k.asset_key.to_user_string()}:{k.name}": [
+                (r.status, r.partition, r.run_id == run_id,
+                 _event_view(r.event) if r.event is not None else None)
+                for r in storage.get_asset_check_execution_history(k, limit=10)]
+            for k in checks},
+        "check status": {f"{k.asset_key.to_user_string()}:{k.name}": latest_checks[k].status
+                         for k in checks if k in latest_checks},
+    }
+
+
+def _expected_shape(stored: dict[str, Any], label: str) -> None:
+    """What a reporting run must have stored, whatever the block (so that a comparison of two
+    equally broken runs cannot pass)."""
+    kinds = [e[0] for e in stored["events"]]
+    assert kinds.count("ASSET_MATERIALIZATION") == TABLES + len(DATES)
+    assert kinds.count("ASSET_CHECK_EVALUATION") == 2 * TABLES + 1
+    assert kinds.count("ASSET_OBSERVATION") == 1
+    assert kinds[0] == "PIPELINE_START" and kinds[-1] == "PIPELINE_SUCCESS"
+    assert stored["partitions"] == DATES
+    assert {k.to_user_string() for k in [*_keys(label), _shared_key()]} <= \
+        set(stored["asset keys"]), "an asset materialized after a wipe does not show"
+    assert all(stored["asset records last run"].values())
+    assert len(stored["asset records last run"]) == TABLES
+    for i in range(TABLES):
+        name = _key(label, i).to_user_string()
+        assert stored["latest"][name][5]["events"].value == i
+        assert stored["tags"][name] == [{"dagster/data_version": f"{label}-{i}"}]
+        windows = stored["check status"][f"{name}:lsn_windows_contiguous"]
+        assert windows == (AssetCheckExecutionRecordStatus.FAILED if i == 2 else
+                           AssetCheckExecutionRecordStatus.SUCCEEDED)
+    shared = stored["check executions"][f"{_shared_key().to_user_string()}:matches_source"]
+    assert [(s, p) for s, p, *_ in shared][:1] == \
+        [(AssetCheckExecutionRecordStatus.FAILED, DATES[0])]
+
+
+def _wiped_before(instance: dg.DagsterInstance) -> dg.DagsterInstance:
+    """An asset of the run materialized and wiped before it: the run must bring it back."""
+    instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=_key("s", 0)))
+    instance.wipe_assets([_key("s", 0)])
+    assert _key("s", 0) not in instance.get_asset_keys()
+    return instance
+
+
+def test_a_run_inside_the_block_stores_what_it_stores_without() -> None:
+    with dg.instance_for_test() as plain, dg.instance_for_test() as held:
+        _wiped_before(plain)
+        _wiped_before(held)
+        without = _stored(plain, _run(plain, held=False), "s")
+        within = _stored(held, _run(held, held=True), "s")
+        _expected_shape(without, "s")
+        assert within == without
+        assert _replaced(held) == []
+
+
+def test_the_storage_is_restored_after_the_block_even_on_error() -> None:
+    with dg.instance_for_test() as instance:
+        storage = instance.event_log_storage
+        assert isinstance(storage, SqliteEventLogStorage)
+        with engines_shared(instance) as shared:
+            assert shared and _replaced(instance) == list(REPLACED)
+            # a run started inside: its new event file is created through the shared engine
+            run_id = _run(instance, held=False, label="inside")
+            with engines_shared(instance) as nested:  # an enclosing block already shares
+                assert not nested
+            assert _replaced(instance) == list(REPLACED)
+        assert _replaced(instance) == []
+        assert type(storage)._connect is SqliteEventLogStorage._connect
+        _expected_shape(_stored(instance, run_id, "inside"), "inside")
+
+        with pytest.raises(RuntimeError, match="boom"), \
+                event_files_held(instance, run_id) as held:
+            assert held == 2 and _replaced(instance) == list(REPLACED)
+            raise RuntimeError("boom")
+        assert _replaced(instance) == []
+        assert not os.path.exists(storage.path_for_shard(run_id) + "-wal"), "file still held"
+        # Dagster's own path writes to that storage as before
+        assert _stored(instance, _run(instance, held=False, label="after"), "after")
+
+
+def test_storages_not_dagsters_own_are_left_alone(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    class Overridden(SqliteEventLogStorage):
+        @contextlib.contextmanager
+        def _connect(self, shard: str) -> Iterator[Any]:
+            with super()._connect(shard) as conn:
+                yield conn
+
+    assert not engines_shareable(Overridden(str(tmp_path / "events")))
+    assert engines_shareable(SqliteEventLogStorage(str(tmp_path / "own")))
+    monkeypatch.delattr(sqlite_event_log, "SQLITE_BUSY_TIMEOUT_SECONDS")  # renamed upstream
+    assert not engines_shareable(SqliteEventLogStorage(str(tmp_path / "own")))
+
+
+# ---- two reporting processes and a reader, one DAGSTER_HOME ----------------------------------
+
+def _reporter(home: Path, label: str, wait: Path) -> subprocess.Popen[str]:
+    code = ("import sys; import dagster as dg; "
+            "from tests.dagster.test_event_storage import _run; "
+            "instance = dg.DagsterInstance.get(); "
+            "print('RUN', _run(instance, held=True, label=sys.argv[1], wait_dir=sys.argv[2]))")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", code, label, str(wait)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run_ids(instance: dg.DagsterInstance) -> dict[str, str]:
+    return {r.run_config["ops"]["report"]["config"]["label"]: r.run_id  # type: ignore[index]
+            for r in instance.get_runs()}
+
+
+def test_two_processes_report_at_once_while_a_third_reads(tmp_path: Path) -> None:
+    home, wait = tmp_path / "home", tmp_path / "wait"
+    home.mkdir()
+    wait.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with dg.DagsterInstance.from_config(str(home)) as instance:  # the index exists first
+        assert isinstance(instance.event_log_storage, SqliteEventLogStorage)
+    procs = {label: _reporter(home, label, wait) for label in ("a", "b")}
+    try:
+        for label, proc in procs.items():
+            deadline = time.monotonic() + 300
+            while not (wait / f"reported_{label}").exists():
+                assert proc.poll() is None, proc.communicate()[1][-3000:]
+                assert time.monotonic() < deadline, f"reporter {label} never reported"
+                time.sleep(0.1)
+        # both blocks are open now: this process reads what they stored
+        with dg.DagsterInstance.from_config(str(home)) as reader:
+            runs = _run_ids(reader)
+            while_open = {label: _stored(reader, runs[label], label) for label in ("a", "b")}
+        (wait / "read").touch()
+        outputs = {label: proc.communicate(timeout=300) for label, proc in procs.items()}
+    finally:
+        (wait / "read").touch()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    for label, (out, err) in outputs.items():
+        assert procs[label].returncode == 0, err[-3000:]
+        assert f"RUN {runs[label]}" in out
+    with dg.DagsterInstance.from_config(str(home)) as after:
+        for label in ("a", "b"):
+            stored = _stored(after, runs[label], label)
+            _expected_shape(stored, label)
+            # everything but the run's last events was there while the blocks were open
+            opened = while_open[label]
+            assert opened["events"] == stored["events"][:len(opened["events"])]
+            assert [e for e in opened["events"] if e[0] != "log"][-1][0] == \
+                "ASSET_OBSERVATION"
+            assert {k: v for k, v in opened.items() if k != "events"} == \
+                {k: v for k, v in stored.items() if k != "events"}
+        shared = after.fetch_materializations(_shared_key(), limit=100).records
+        assert sorted(r.asset_materialization.metadata["reporter"].value  # type: ignore[union-attr]
+                      for r in shared) == sorted(["a", "b"] * len(DATES))
