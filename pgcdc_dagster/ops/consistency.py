@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -34,7 +35,7 @@ import psycopg2.errors
 import psycopg2.extensions
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from deltalake.exceptions import DeltaError
 from psycopg2 import sql
 
@@ -43,6 +44,7 @@ from pgcdc_dagster.cdc.changes import TableChanges
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.exceptions import PgCdcError, SlotInUseError
+from pgcdc_dagster.lake.bronze_read import conform_table
 from pgcdc_dagster.lake.delta import load_table
 from pgcdc_dagster.lake.storage import filesystem
 from pgcdc_dagster.ops.digest import Digest, differences, key_hashes
@@ -54,6 +56,10 @@ from pgcdc_dagster.postgres.privileges import explain_error
 from pgcdc_dagster.postgres.slot import slot_info
 from pgcdc_dagster.postgres.slot_lock import slot_guard_or_reason
 from pgcdc_dagster.postgres.snapshot_read import set_session
+
+SILVER_BATCH_ROWS = 65_536
+"""Silver rows hashed at a time (memory stays bounded whatever the table's size)."""
+DELETED = "__deleted"
 
 __all__ = ["COMPARE_ERRORS", "ConsistencyReport", "Digest", "compare_tables",
            "compare_with_source"]
@@ -202,23 +208,29 @@ class _Comparison:
                   for i, conv in enumerate(self.convs)]
         return pa.Table.from_arrays(arrays, schema=self.target)
 
-    def silver_batches(self) -> Iterator[pa.RecordBatch]:
+    def silver_batches(self) -> Iterator[pa.Table]:
         """Silver's live rows at the pinned version, from the data files the sweep's read
         of the log listed (no second open of the table), else through delta-rs."""
         report, facts = self.report, self.facts
-        files = facts.silver_files
-        if files is None or facts.silver_schema is None:
+        if facts.silver_files is None or facts.silver_schema is None:
             dataset = load_table(self.ctx.silver_uri, report.silver_version).to_pyarrow_dataset()
-        else:
-            fs, base = filesystem(self.ctx.silver_uri)
-            fmt = pads.ParquetFileFormat(
-                default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True))
-            fragments = [fmt.make_fragment(f"{base.rstrip('/')}/{unquote(path)}",
-                                           filesystem=fs) for path in files]
-            dataset = pads.FileSystemDataset(fragments, facts.silver_schema, fmt, fs)
-        for batch in dataset.to_batches(columns=report.columns,
-                                        filter=~pc.field("__deleted")):
-            yield batch.cast(self.target)
+            for batch in dataset.to_batches(columns=report.columns,
+                                            filter=~pc.field("__deleted")):
+                yield pa.Table.from_batches([batch.cast(self.target)])
+            return
+        wanted = pa.schema([facts.silver_schema.field(c) for c in (*report.columns, DELETED)])
+        fs, base = filesystem(self.ctx.silver_uri)
+        for path in facts.silver_files:
+            with fs.open_input_file(f"{base.rstrip('/')}/{unquote(path)}") as handle:
+                parquet = pq.ParquetFile(handle)
+                stored = parquet.schema_arrow.names
+                for batch in parquet.iter_batches(
+                        batch_size=SILVER_BATCH_ROWS, use_threads=False,
+                        columns=[c for c in wanted.names if c in stored]):
+                    # columns added after the file was written are null, types as silver's
+                    data = conform_table(pa.Table.from_batches([batch]), wanted)
+                    live = data.filter(pc.invert(data[DELETED])).drop_columns([DELETED])
+                    yield live.cast(self.target)
 
 
 def _samples(report: ConsistencyReport) -> None:
@@ -318,17 +330,17 @@ def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, public
             after = slot_info(conn, slot)
             if after is None or after.confirmed_flush_lsn != info.confirmed_flush_lsn:
                 return give_up("the slot moved during the check (a run was capturing); retry")
-            for ctx, report, cmp in pending:
-                try:
-                    _digest_source(snap, ctx, report, cmp,
-                                   window.tables.get(ctx.relation.qualified, []))
-                    if not report.reason:
-                        for batch in cmp.silver_batches():
-                            cmp.digest(report.silver, batch)
-                        report.compared = True
-                except COMPARE_ERRORS as exc:
-                    report.reason = f"could not compare: {explain_error(exc, redact)}"
-                _samples(report)
+            # Silver is read and hashed on a thread while the source's COPY runs.
+            with ThreadPoolExecutor(1, thread_name_prefix="pgcdc-silver") as reader:
+                for ctx, report, cmp in pending:
+                    try:
+                        if _exclude_pending(ctx, report, cmp,
+                                            window.tables.get(ctx.relation.qualified, [])):
+                            _digest_both(reader, snap, ctx, report, cmp)
+                            report.compared = True
+                    except COMPARE_ERRORS as exc:
+                        report.reason = f"could not compare: {explain_error(exc, redact)}"
+                    _samples(report)
         finally:
             snap.rollback()
             snap.close()
@@ -375,23 +387,38 @@ def _prepare(ctx: TableContext, report: ConsistencyReport, keep_limit: int,
     return _Comparison(ctx, report, target, convs, keep_limit, facts)
 
 
-def _digest_source(snap: psycopg2.extensions.connection, ctx: TableContext,
-                   report: ConsistencyReport, cmp: _Comparison,
-                   segments: Sequence[TableChanges]) -> None:
-    """Leave out the keys changed after silver's position, then hash the source rows (read
-    in ``snap``'s REPEATABLE READ transaction: every table at the same point, on one
-    connection; a failed read leaves the next tables a usable transaction)."""
+def _exclude_pending(ctx: TableContext, report: ConsistencyReport, cmp: _Comparison,
+                     segments: Sequence[TableChanges]) -> bool:
+    """Leave out the keys changed after silver's position; False (with the reason) when a
+    pending TRUNCATE makes the comparison meaningless."""
     images: list[tuple[object, ...]] = []
     for seg in segments:
         report.pending_events += len(seg)
         if "t" in seg.op:
             report.reason = (f"a TRUNCATE of {ctx.name} is pending in the slot: run "
                              "cdc_microbatch, then the check")
-            return
+            return False
         images.extend(_key_images(seg, ctx.relation.key_names))
     cmp.exclude(images)
+    return True
+
+
+def _digest_both(reader: ThreadPoolExecutor, snap: psycopg2.extensions.connection,
+                 ctx: TableContext, report: ConsistencyReport, cmp: _Comparison) -> None:
+    """Hash silver (on ``reader``'s thread) and the source rows (read in ``snap``'s
+    REPEATABLE READ transaction: every table at the same point, on one connection; a failed
+    read leaves the next tables a usable transaction); raise the first failure."""
+    def silver() -> None:
+        for batch in cmp.silver_batches():
+            cmp.digest(report.silver, batch)
+
+    silver_digest = reader.submit(silver)
     query = sql.SQL("SELECT {} FROM {}").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in report.columns),
         sql.Identifier(ctx.relation.namespace, ctx.relation.name))
-    copy_text_blocks(snap, query, report.columns,
-                     lambda text: cmp.digest(report.source, cmp.source_batch(text)))
+    try:
+        copy_text_blocks(snap, query, report.columns,
+                         lambda text: cmp.digest(report.source, cmp.source_batch(text)))
+    finally:
+        wait([silver_digest])  # it reads this table's report and comparison
+    silver_digest.result()

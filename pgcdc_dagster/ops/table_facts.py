@@ -82,13 +82,17 @@ def read_facts(ctx: TableContext, history_limit: int = 0) -> TableFacts:
         silver_version=silver.version() if silver is not None else None,
         silver_applied=silver_applied,
         silver_schema=pa.schema(silver.schema().to_arrow()) if silver is not None else None,
-        silver_files=_plain_files(silver) if silver is not None else None)
+        silver_files=plain_files(silver) if silver is not None else None)
 
 
-def _plain_files(table: DeltaTable) -> tuple[str, ...] | None:
+def plain_files(table: DeltaTable) -> tuple[str, ...] | None:
     """The table's data files when reading them as plain Parquet reads the table."""
     if table.protocol().min_reader_version > 1 or table.metadata().partition_columns:
         return None
+    root = table.table_uri.removeprefix("file://").rstrip("/") + "/"
+    uris = table.file_uris()
+    if all(u.startswith(root) for u in uris):  # the cheap way (no Arrow table of actions)
+        return tuple(u[len(root):] for u in uris)
     return tuple(pa.table(table.get_add_actions(flatten=False))["path"].to_pylist())
 
 

@@ -18,6 +18,7 @@ block whatever the table's size, and a small table is parsed once, after its las
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 
 import psycopg2.extensions
@@ -28,17 +29,21 @@ from pgcdc_dagster.postgres.snapshot_read import _text_reader, _unescape
 
 BLOCK_BYTES = 4 << 20
 """Text bytes parsed at a time."""
+WRITE_BUFFER = 256 << 10
+"""Bytes of rows gathered in C before the sink sees them."""
 SAVEPOINT = "pgcdc_copy_block"
 
 
-class _BlockSink:
-    """The COPY's file: rows in, parsed batches out to ``consume``, a block at a time.
+class _BlockSink(io.RawIOBase):
+    """The COPY's file (behind an ``io.BufferedWriter``, which gathers psycopg2's row-by-row
+    writes in C): text in, parsed batches out to ``consume``, a block at a time.
 
     An exception of ``consume`` is kept (and the remaining rows dropped), not raised into
     psycopg2's COPY loop, which would leave the connection mid-COPY."""
 
     def __init__(self, columns: Sequence[str], consume: Callable[[pa.RecordBatch], None],
                  block_size: int) -> None:
+        super().__init__()
         self.columns = list(columns)
         self.consume = consume
         self.block_size = block_size
@@ -46,15 +51,19 @@ class _BlockSink:
         self.size = 0
         self.failure: BaseException | None = None
 
-    def write(self, data: bytes) -> int:
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        size = memoryview(data).nbytes
         if self.failure is None:
-            self.parts.append(data)
+            self.parts.append(bytes(data))
             self.size += len(data)
             if self.size >= self.block_size:
-                self.flush(final=False)
-        return len(data)
+                self.parse(final=False)
+        return size
 
-    def flush(self, *, final: bool) -> None:
+    def parse(self, *, final: bool) -> None:
         if self.failure is not None or not self.size:
             return
         block = b"".join(self.parts)
@@ -86,9 +95,9 @@ def copy_text_blocks(conn: psycopg2.extensions.connection, query: sql.Composable
         sql.Identifier(SAVEPOINT), query)
     sink = _BlockSink(columns, consume, block_size)
     try:
-        with conn.cursor() as cur:
-            cur.copy_expert(copy, sink)
-        sink.flush(final=True)
+        with conn.cursor() as cur, io.BufferedWriter(sink, WRITE_BUFFER) as buffered:
+            cur.copy_expert(copy, buffered)
+        sink.parse(final=True)
     except psycopg2.Error:
         _back_to_savepoint(conn)
         raise
