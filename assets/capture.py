@@ -191,11 +191,11 @@ def _snapshot_metadata(snap: SnapshotReport, name: str) -> dict[str, Any]:
                             "snapshot_resumed_chunks_total": snap.resumed_chunks}
     if snap.slot_action in NEW_CHAIN_SLOT_ACTIONS:
         meta["snapshot_lsn"] = point
-    for t in snap.tables:
-        if t.table == name:
-            meta.update({"snapshot_rows": t.rows, "snapshot_chunks": t.chunks,
-                         "snapshot_resumed_chunks": t.resumed_chunks,
-                         "snapshot_table_lsn": str(Lsn(t.lsn))})
+    t = snap.table(name)
+    if t is not None:
+        meta.update({"snapshot_rows": t.rows, "snapshot_chunks": t.chunks,
+                     "snapshot_resumed_chunks": t.resumed_chunks,
+                     "snapshot_table_lsn": str(Lsn(t.lsn))})
     if name in snap.empty_tables:
         meta["snapshot_rows"] = 0
         meta["snapshot_without_data"] = True

@@ -197,7 +197,12 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                     for c in silver_of}
         befores = {c.name: table_stats(c.silver_uri, previous[c.name][0])
                    if previous[c.name][0] is not None else TableStats(None) for c in silver_of}
-        reports = apply_silver_tables(silver_of, handle, cap.silver_spark_threshold_rows)
+        # Tables the snapshot just committed, silver and all, have nothing to catch up.
+        current = run.current_silver()
+        behind = [c for c in silver_of if c.name not in current]
+        caught_up = dict(zip([c.name for c in behind], apply_silver_tables(
+            behind, handle, cap.silver_spark_threshold_rows), strict=True))
+        reports = [current.get(c.name) or caught_up[c.name] for c in silver_of]
         applied = [(ctx, report) for ctx, report in zip(silver_of, reports, strict=True)
                    if ctx.name in names or report.events != 0 or
                    report.bronze_from != report.bronze_to]  # swept with nothing: no event

@@ -69,6 +69,17 @@ class BronzeRun:
         selected = set(self.names)
         return [c for c in self.tables.named(names) if c.relation.qualified in selected]
 
+    def current_silver(self) -> dict[str, SilverReport]:
+        """The silver catch-up's report of each table whose silver this run's snapshot left
+        at bronze's latest version and no window wrote since (nothing to apply: reading
+        both tables again would find what the snapshot commit already knows)."""
+        if self.snapshot is None:
+            return {}
+        streamed = self.stream.events_by_table() if self.stream is not None else {}
+        return {t.table: SilverReport(t.table, t.bronze_version, t.bronze_version, 0, 0, {},
+                                      t.silver_version, 0.0)
+                for t in self.snapshot.tables if t.silver_current and t.table not in streamed}
+
     @property
     def contexts(self) -> list[TableContext]:
         """The selected tables' contexts: builds (opens) every one of them; a run that

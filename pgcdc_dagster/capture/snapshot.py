@@ -154,6 +154,15 @@ class SnapshotReport:
     created`` (or ``snapshot point``: a temporary slot's), ``planned``, ``spark needed``,
     ``spark ready``, ``first chunk``, ``chunks read``, ``committed``."""
 
+    _by_table: dict[str, TableSnapshotReport] = field(default_factory=dict, repr=False,
+                                                       compare=False)
+
+    def table(self, name: str) -> TableSnapshotReport | None:
+        """The report of table ``name`` (``schema.table``), None when not committed here."""
+        if len(self._by_table) != len(self.tables):
+            self._by_table = {t.table: t for t in self.tables}
+        return self._by_table.get(name)
+
     @property
     def rows(self) -> int:
         return sum(t.rows for t in self.tables)

@@ -59,6 +59,9 @@ class TableSnapshotReport:
     """The table's offset: the smallest point its chunks were read at."""
     resumed_chunks: int = 0
     """Chunks read by an earlier, interrupted run and kept."""
+    silver_current: bool = False
+    """Silver reflects bronze's latest version (its app transaction is bronze's version
+    after the commit): the silver catch-up has nothing to apply until bronze grows."""
 
 
 def snapshot_app_id(app_prefix: str, ctx: TableContext) -> str:
@@ -98,10 +101,11 @@ def commit_table(ctx: TableContext, done: Mapping[int, ChunkDone], *, app_prefix
         custom_metadata=meta)
     bronze = create_with_files(ctx.bronze_uri, ctx.bronze_schema, b_files, properties=b_props)
     if bronze is None:
-        b_version = 0
+        b_version = latest = 0
         crash_point("snapshot_after_bronze_commit")
     else:
         b_version = _commit_bronze(ctx, bronze, b_files, b_props, snap_app, snapshot_id)
+        latest = bronze.version()
     s_files = [_data_file(f) for c in done.values() for f in c.silver]
     silver = create_with_files(ctx.silver_uri, ctx.silver_schema, s_files,
                                properties=commit_properties(ctx.silver_app_id, b_version, meta))
@@ -112,7 +116,8 @@ def commit_table(ctx: TableContext, done: Mapping[int, ChunkDone], *, app_prefix
     else:
         s_version = commit_files(silver, s_files, ctx.silver_schema, mode="overwrite",
                                  app_id=ctx.silver_app_id, version=b_version, metadata=meta)
-    return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn, resumed)
+    return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn, resumed,
+                               silver_current=latest == b_version)
 
 
 def _data_file(f: SnapshotFile) -> DataFile:

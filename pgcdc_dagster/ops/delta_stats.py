@@ -56,6 +56,8 @@ def growth(before: TableStats, after: TableStats, uri: str) -> Growth:
     """Files, bytes and rows the table gained between two readings (rewrites count too)."""
     if after.version is None or before.version == after.version:
         return Growth(0, 0, 0)
+    if before.version is None:  # nothing before (the first materialization): all is new
+        return Growth(after.files, after.bytes, after.rows)
     table = load_table(uri, after.version)
     adds = pa.table(table.get_add_actions(flatten=True))
     new = [i for i, p in enumerate(adds.column("path").to_pylist()) if p not in before.paths]

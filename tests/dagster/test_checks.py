@@ -107,6 +107,9 @@ def test_runs_carry_metadata_and_light_checks_pass(capture, pg_conn) -> None:
     assert silver["capture_kind"] == "snapshot"
     assert silver["dagster/row_count"] == 200 and silver["rows_written"] == 200
     assert silver["lsn_end"] == items["snapshot_lsn"]
+    # silver as the snapshot commit created it, nothing left to catch up (issue 16)
+    assert silver["delta_version"] == 0 and silver["events"] == 0
+    assert silver["bronze_version_from"] == silver["bronze_version_to"] == 0
     columns = {c.name: c for c in silver["dagster/column_schema"].columns}
     assert columns["id"].constraints.other == ["primary key"]
     assert columns["id"].constraints.nullable is False
