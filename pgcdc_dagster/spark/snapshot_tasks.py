@@ -43,7 +43,7 @@ from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.copy_columns import split_fields
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
-from pgcdc_dagster.lake.delta import stats_json
+from pgcdc_dagster.lake.file_stats import delta_stats as stats_json
 from pgcdc_dagster.lake.parquet_layout import SAMPLE_ROWS
 from pgcdc_dagster.lake.storage import filesystem
 from pgcdc_dagster.postgres import snapshot_read
