@@ -13,6 +13,9 @@ One scenario over two captures of the same database, 3 and 50 tables:
   another source table fail exactly those two checks;
 * a run that changes 2 of 50 tables reports bronze and silver materializations and light
   check evaluations of exactly those 2 tables (plus the slot's check and observation);
+* idle tables are not touched: with an idle table's bronze and silver Delta logs turned to
+  garbage, an idle run and a run changing two other tables succeed; restored, a change to it
+  lands exactly once; the same for an idle table that was added later;
 * a table added later is snapshotted (with Spark) and everything converges: silver equals the
   source for the busy, idle and added tables.
 """
@@ -324,6 +327,11 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
         assert _materialized(added) == {"bronze/cost_b/late", "silver/cost_b/late",
                                         "bronze/cost_b/t2", "silver/cost_b/t2"}
         assert all(_checked(added).values()), _checked(added)
+        # Idle, the table added later is not touched either (its first window's capture set
+        # is not the first one: the stale-offset check does not open it).
+        saved = _corrupt_logs(root_b, "cost_b", "late", tmp_path / "saved_late")
+        assert not _materialized(_run(later, inst_b, "cdc_microbatch"))
+        _restore_logs(saved)
 
     # A snapshot with chunks to read does start the session.
     with pg_conn.cursor() as cur:
