@@ -72,8 +72,36 @@ def growth(before: TableStats, after: TableStats, uri: str) -> Growth:
 
 
 def live_row_count(uri: str) -> int | None:
-    """Rows of a silver table that are not tombstones (``WHERE NOT __deleted``)."""
+    """Rows of a silver table that are not tombstones (``WHERE NOT __deleted``).
+
+    From the files' statistics when they decide every file (no tombstone in a file whose
+    ``__deleted`` maximum is false, only tombstones and nulls in one whose minimum is true:
+    a snapshot's silver, most tables most of the time); otherwise the column is read."""
     table = open_table(uri)
     if table is None:
         return None
+    known = _live_from_stats(pa.table(table.get_add_actions(flatten=True)))
+    if known is not None:
+        return known
     return int(table.to_pyarrow_dataset().count_rows(filter=~pc.field("__deleted")))
+
+
+def _live_from_stats(adds: pa.Table) -> int | None:
+    """Live rows by the add actions' ``__deleted`` statistics; None when a file's are
+    missing or mixed (it holds live rows and tombstones)."""
+    if adds.num_rows == 0:
+        return 0
+    names = ("num_records", "null_count.__deleted", "min.__deleted", "max.__deleted")
+    if any(n not in adds.column_names for n in names):
+        return None
+    live = 0
+    for rows, nulls, low, high in zip(*(adds.column(n).to_pylist() for n in names),
+                                      strict=True):
+        if rows is None or nulls is None:
+            return None
+        if rows == nulls or low is True:  # every value null or a tombstone
+            continue
+        if high is not False:  # mixed (or no bounds): the column must be read
+            return None
+        live += rows - nulls
+    return live
