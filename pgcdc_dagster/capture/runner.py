@@ -15,7 +15,6 @@ from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
 from pgcdc_dagster.capture.snapshot import (
     SnapshotReport,
     load_captured,
-    load_contexts,
     run_snapshot,
 )
 from pgcdc_dagster.capture.snapshot_modes import SNAPSHOT_MODES, normalise_mode
@@ -89,11 +88,11 @@ class BronzeRun:
 
 def select_contexts(settings: CaptureSettings,
                     only: Collection[tuple[str, str]] | None) -> list[TableContext]:
-    """Contexts of the captured tables, restricted to ``only`` when given."""
-    contexts = load_contexts(settings)
-    if only is None:
-        return contexts
-    return [c for c in contexts if c.relation.qualified in only]
+    """Contexts of the captured tables, restricted to ``only`` when given (the others are
+    not built: their bronze is not opened)."""
+    tables, _ = load_captured(settings)
+    with tables:
+        return tables.contexts(None if only is None else set(only))
 
 
 @explains_privileges
