@@ -99,7 +99,8 @@ def read_binary_rows(dsn: str, snapshot_name: str | None, query: sql.Composable,
     imports that exported snapshot. ``within``: run it in that connection's open
     transaction instead (``snapshot_read.open_snapshot_transaction``: many small chunks of
     one snapshot on one connection); the caller ends the transaction and closes the
-    connection, and uses it no more once a read raised. ``label`` names the work in error
+    connection, uses it no more once a read raised, and resets a statement_timeout a read
+    set before the next (as with ``read_text_batches``). ``label`` names the work in error
     messages; ``statement_timeout_ms`` > 0 cancels the query after that long (an override).
 
     Raises:
@@ -123,7 +124,7 @@ def read_binary_rows(dsn: str, snapshot_name: str | None, query: sql.Composable,
                     if snapshot_name:
                         cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
                     set_session(cur)
-                if statement_timeout_ms or within is not None:  # none left from a last read
+                if statement_timeout_ms:
                     set_timeout(cur, statement_timeout_ms)
                 if USE_SOCKET and copy_socket.plain_socket(cur):
                     clean[0] = False

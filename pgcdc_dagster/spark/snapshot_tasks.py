@@ -54,6 +54,7 @@ from pgcdc_dagster.postgres.snapshot_read import (
     chunk_query,
     open_snapshot_transaction,
     read_text_batches,
+    set_timeout,
 )
 
 if TYPE_CHECKING:
@@ -291,7 +292,7 @@ def _run_chunk(task: ChunkTask, started: float, shared: SharedTransaction | None
         [k.name for k in task.key] == list(task.relation.key_names)
     query = chunk_query(task.chunk, columns, task.key, task.override, ordered=ordered)
     groups = _binary_groups(task, conv, query, columns, shared) if task.binary else \
-        _text_groups(task, conv, query, columns)
+        _text_groups(task, conv, query, columns, shared)
     try:
         first = True
         for (pairs, n), last in _with_last(groups):
@@ -423,7 +424,8 @@ def _with_last(items: Iterator[_T]) -> Iterator[tuple[_T, bool]]:
 
 
 def _text_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
-                 columns: list[str]) -> Iterator[Converted]:
+                 columns: list[str], shared: SharedTransaction | None = None
+                 ) -> Iterator[Converted]:
     """Row groups read with text COPY (CSV parsing), about ``row_group_bytes`` each."""
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
@@ -437,7 +439,8 @@ def _text_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
     for batch in read_text_batches(task.dsn, task.snapshot_name, query, columns,
                                    block_size=task.block_size, label=str(task.chunk),
                                    escaped=_escaped(task.converters),
-                                   statement_timeout_ms=task.statement_timeout_ms):
+                                   statement_timeout_ms=task.statement_timeout_ms,
+                                   within=None if shared is None else shared.connection(task)):
         if batch.num_rows == 0:
             continue
         if pending_bytes + batch.nbytes > task.row_group_bytes and pending:
@@ -508,15 +511,21 @@ class SharedTransaction:
     other: one connection, snapshot import and set of session settings per group instead of
     per chunk (issue 16: a thousand small tables paid a thousand connections). Opened by
     the first chunk that needs it; dropped after a chunk's error (its transaction may be
-    aborted, or its reply half read), so the next chunk opens another."""
+    aborted, or its reply half read), so the next chunk opens another. A statement_timeout
+    one chunk's read set (an override's) is reset before the next chunk's."""
 
     def __init__(self) -> None:
         self.conn: psycopg2.extensions.connection | None = None
+        self.timeout_ms = 0
 
     def connection(self, task: ChunkTask) -> psycopg2.extensions.connection:
         if self.conn is None:
             self.conn = open_snapshot_transaction(task.dsn, task.snapshot_name,
                                                   label=str(task.chunk))
+        elif self.timeout_ms and not task.statement_timeout_ms:
+            with self.conn.cursor() as cur:
+                set_timeout(cur, 0)
+        self.timeout_ms = task.statement_timeout_ms
         return self.conn
 
     def close(self) -> None:
@@ -531,7 +540,7 @@ class SharedTransaction:
 
 
 def run_unit(unit: Unit) -> list[ChunkResult]:
-    """Run a unit's chunks in order (runs on a worker); a group's binary reads share one
+    """Run a unit's chunks in order (runs on a worker); a group's reads share one
     transaction (:class:`SharedTransaction`)."""
     if isinstance(unit, ChunkTask):
         return [run_chunk(unit)]
@@ -540,7 +549,7 @@ def run_unit(unit: Unit) -> list[ChunkResult]:
     try:
         for task in unit.tasks:
             try:
-                result = run_chunk(task, shared if task.binary else None)
+                result = run_chunk(task, shared)
             except BaseException:
                 shared.close()
                 raise

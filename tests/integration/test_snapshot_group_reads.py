@@ -2,7 +2,8 @@
 
 A group (one Spark task) reads its small tables one after the other in a single REPEATABLE
 READ transaction that imported the exported snapshot, on one connection, instead of one
-connection, snapshot import and set of session settings per chunk. Run here as a Spark
+connection, snapshot import and set of session settings per chunk (binary and text COPY
+alike). Run here as a Spark
 worker runs it (``run_unit``), against the real server: the server counts the sessions the
 group opened; every table reads exactly its rows at the exported point (rows inserted after
 the export stay out, on the first connection and on the next); an override chunk's
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg2.extensions
@@ -101,14 +103,15 @@ def test_group_shares_one_snapshot_transaction(pg_dsn, pg_conn, lakehouse: Path)
             for i in range(TABLES):
                 cur.execute(f"INSERT INTO grp.t{i} VALUES (1000, 'late')")
         tasks = _tasks(pg_dsn, pg_conn, contexts, point)
-        before = _sessions(pg_conn)
-        results = run_unit(ChunkGroup(tasks))
-        assert _sessions(pg_conn, before + 1) - before == 1, \
-            "one session for the group's six chunks"
-        # every chunk at the point; t3 outlived t1's 300 ms timeout (none carried over)
-        for ctx, result in zip(contexts, results, strict=True):
-            assert _ids(ctx, result) == _expected(ctx), ctx.name
-            assert result.lsn == point.lsn
+        for group in (tasks, tuple(replace(t, binary=False) for t in tasks)):  # text COPY too
+            before = _sessions(pg_conn)
+            results = run_unit(ChunkGroup(group))
+            assert _sessions(pg_conn, before + 1) - before == 1, \
+                "one session for the group's six chunks"
+            # every chunk at the point; t3 outlived t1's 300 ms timeout (none carried over)
+            for ctx, result in zip(contexts, results, strict=True):
+                assert _ids(ctx, result) == _expected(ctx), ctx.name
+                assert result.lsn == point.lsn
 
         # A table dropped after the export fails alone; the others still read at the point.
         with pg_conn.cursor() as cur:
