@@ -25,7 +25,7 @@ from pgcdc_dagster.capture.tables import TableContext, build_context
 from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.typeconv import PgType
 from pgcdc_dagster.lake.delta import committed_version, open_table
-from pgcdc_dagster.lake.paths import is_local, table_uri
+from pgcdc_dagster.lake.paths import is_local, normalise_root, table_segments
 from pgcdc_dagster.lake.schema_history import Entry, HistoryBatch, history_uri, read_histories
 from pgcdc_dagster.names import table_id
 from pgcdc_dagster.postgres.catalog import ColumnFacts
@@ -52,6 +52,7 @@ class CapturedTables(Mapping[TableName, TableContext]):
         self._built: dict[TableName, TableContext] = {c.relation.qualified: c for c in built}
         self._histories: list[dict[tuple[str, str], list[Entry]]] = []  # read once, shared
         self._capture_set: frozenset[TableName] | None = None
+        self._root: str | None = None
         self._lock = threading.RLock()
         self._conn: list[psycopg2.extensions.connection] = []  # opened by the first build
 
@@ -158,7 +159,11 @@ class CapturedTables(Mapping[TableName, TableContext]):
     # --- offsets without opening ----------------------------------------------------------
 
     def bronze_uri(self, name: TableName) -> str:
-        return table_uri(self.settings.lakehouse, "bronze", *name)
+        """:func:`table_uri` of the table's bronze, the lakehouse root resolved once (a
+        path's resolution, times a thousand tables, issue 16)."""
+        if self._root is None:
+            self._root = normalise_root(self.settings.lakehouse)
+        return "/".join((self._root, "bronze", *table_segments(*name)))
 
     def offset(self, name: TableName) -> int | None:
         """The table's bronze offset now, read from bronze without building the context (a
