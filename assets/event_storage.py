@@ -1,4 +1,5 @@
-"""Dagster's default SQLite event storage, kept cheap while a run reports many events.
+"""Dagster's event storage (default SQLite, or PostgreSQL) kept cheap while a run reports many
+events.
 
 The default instance (``storage: sqlite``, what a fresh ``DAGSTER_HOME`` gets) keeps each
 run's events in a SQLite file of its own and mirrors asset events and check evaluations into
@@ -9,7 +10,7 @@ the WAL into it and deletes it. An initial snapshot reports four events per tabl
 ``capture_checks`` sweep three per table, each several writes (issue 16).
 
 :func:`event_files_held`, around the ops that report many events, does two things on that
-storage and nothing on any other (PostgreSQL, MySQL, Dagster+, in-memory):
+storage:
 
 * it holds one idle connection on the run's file and on the index file, so no write's
   connection is the last to close: SQLite checkpoints the WAL as it grows (every 1,000 pages,
@@ -22,11 +23,17 @@ storage and nothing on any other (PostgreSQL, MySQL, Dagster+, in-memory):
   key table's index columns (once per materialization) answer from what they found earlier
   in the block when that was *present*; an absent table is asked again.
 
+On dagster-postgres's event storage (``dagster.yaml.example``), which connects to PostgreSQL
+for every write (its engine's ``NullPool``), it keeps one connection for the block
+(:func:`postgres_connection_kept`: the engine dagster-postgres builds for its webserver, with
+the same URL, token provider and ``AUTOCOMMIT`` isolation). Any other storage (MySQL,
+Dagster+, in-memory) is left alone.
+
 The events, their order, their content and what readers see (other processes included) are
 unchanged: nothing is batched, every write is committed before ``log_event`` returns, and the
 held connection reads nothing and holds no transaction, so it blocks neither writers nor
-checkpoints. After the block the storage's own methods are back (even when the block raised)
-and the files are released.
+checkpoints. After the block the storage's own methods and engine are back (even when the
+block raised) and the files are released.
 
 Dagster's private names relied on (``dagster`` 1.13.27, pinned; checked before use, and when
 any is missing or a subclass overrides a method, the storage is left to Dagster's own path):
@@ -36,7 +43,9 @@ the class ``SqliteEventLogStorage`` and ``INDEX_SHARD_NAME`` of
 ``conn_string_for_shard``, ``_connect``, ``_initdb``, ``has_table`` and
 ``_has_asset_key_index_cols_on_connection`` (replaced for the block by instance attributes,
 which Python looks up before the class's methods) and its attributes ``_db_lock`` and
-``_initialized_dbs``.
+``_initialized_dbs``; on PostgreSQL, ``PostgresEventLogStorage`` and its attributes
+``_engine`` (replaced for the block when it is a ``NullPool`` engine), ``postgres_url`` and
+``_token_provider``, and ``dagster_postgres.utils.create_pg_engine``.
 """
 
 from __future__ import annotations
@@ -203,11 +212,49 @@ def files_held(instance: dg.DagsterInstance, run_id: str) -> Iterator[int]:
             conn.close()
 
 
+POSTGRES_POOL_OVERFLOW = 4
+"""Connections beyond the one kept, for threads writing at the same moment (closed after)."""
+
+
+@contextlib.contextmanager
+def postgres_connection_kept(instance: dg.DagsterInstance) -> Iterator[bool]:
+    """Within the block, dagster-postgres's event storage keeps one connection open instead
+    of connecting to PostgreSQL for every write (its engine's ``NullPool``); yields whether
+    it does (False for any other storage, or when a name it relies on is missing)."""
+    storage = instance.event_log_storage
+    try:
+        from dagster_postgres.event_log.event_log import PostgresEventLogStorage
+        from dagster_postgres.utils import create_pg_engine
+    except ImportError:  # dagster-postgres not installed: nothing to keep
+        yield False
+        return
+    engine = getattr(storage, "_engine", None)
+    url = getattr(storage, "postgres_url", None)
+    if type(storage) is not PostgresEventLogStorage or not isinstance(engine, sa.Engine) \
+            or not isinstance(engine.pool, NullPool) or not isinstance(url, str) \
+            or not hasattr(storage, "_token_provider"):
+        yield False  # not Dagster's own, or its engine pools already (webserver, a block)
+        return
+    # The engine dagster-postgres builds for the webserver (optimize_for_webserver), kept
+    # only for the block: same URL, token provider and AUTOCOMMIT isolation.
+    kept = create_pg_engine(url, storage._token_provider, isolation_level="AUTOCOMMIT",
+                            pool_size=1, max_overflow=POSTGRES_POOL_OVERFLOW)
+    setattr(storage, "_engine", kept)  # noqa: B010  (a private attribute, checked above)
+    try:
+        yield True
+    finally:
+        if getattr(storage, "_engine", None) is kept:
+            setattr(storage, "_engine", engine)  # noqa: B010
+        kept.dispose()
+
+
 @contextlib.contextmanager
 def event_files_held(instance: dg.DagsterInstance, run_id: str) -> Iterator[int]:
     """Around an op that reports many events: on the default SQLite event storage, the run's
     event file and the index stay open (:func:`files_held`) and the storage keeps one engine
-    per file (:func:`engines_shared`). Yields how many files are held (0 for any other
-    storage, which is left alone)."""
-    with files_held(instance, run_id) as held, engines_shared(instance):
+    per file (:func:`engines_shared`); on dagster-postgres's, one connection is kept
+    (:func:`postgres_connection_kept`). Yields how many SQLite files are held (0 for any
+    other storage)."""
+    with files_held(instance, run_id) as held, engines_shared(instance), \
+            postgres_connection_kept(instance):
         yield held

@@ -15,6 +15,8 @@ not change:
 * two processes report at the same time, each inside its block, into one ``DAGSTER_HOME``,
   while a third process reads both runs' events, asset records and check executions before
   either block has closed: everything is there;
+* on dagster-postgres's storage one connection is kept for the block instead of one per
+  write, and the same is stored as without;
 * other storages, and a storage whose private names are not Dagster's own, are left alone.
 """
 
@@ -154,6 +156,9 @@ def report_tables(context: dg.OpExecutionContext, label: str) -> None:
                                           metadata={"lag_bytes": 42}))
 
 
+SEEN: dict[str, object] = {}
+
+
 class ReportConfig(dg.Config):
     label: str = "s"
     held: bool = True
@@ -173,6 +178,8 @@ def report(context: dg.OpExecutionContext, config: ReportConfig) -> None:
     held = event_files_held(context.instance, context.run_id) if config.held \
         else contextlib.nullcontext(0)
     with held:
+        engine = getattr(context.instance.event_log_storage, "_engine", None)
+        SEEN["postgres pool"] = type(engine.pool).__name__ if engine is not None else None
         if config.wait_dir:  # both reporters inside their blocks before either reports
             wait = Path(config.wait_dir)
             (wait / f"ready_{config.label}").touch()
@@ -291,6 +298,34 @@ def test_a_run_inside_the_block_stores_what_it_stores_without() -> None:
         _expected_shape(without, "s")
         assert within == without
         assert _replaced(held) == []
+
+
+def _postgres_instance(dsn: str) -> contextlib.AbstractContextManager[dg.DagsterInstance]:
+    """An instance whose storage is dagster-postgres (as ``dagster.yaml.example``'s)."""
+    parts = dict(part.split("=", 1) for part in dsn.split())
+    auth = parts.get("user", "postgres") + \
+        (f":{parts['password']}" if parts.get("password") else "")
+    url = (f"postgresql+psycopg2://{auth}@{parts.get('host', '127.0.0.1')}:"
+           f"{parts.get('port', '5432')}/{parts['dbname']}")
+    return dg.instance_for_test(overrides={"storage": {"postgres": {"postgres_url": url}}})
+
+
+@pytest.mark.integration
+def test_on_postgres_a_connection_is_kept_and_the_same_is_stored(pg_dsn: str,
+                                                                  second_pg_dsn: str) -> None:
+    with _postgres_instance(pg_dsn) as plain, _postgres_instance(second_pg_dsn) as held:
+        _wiped_before(plain)
+        _wiped_before(held)
+        without = _stored(plain, _run(plain, held=False), "s")
+        within = _stored(held, _run(held, held=True), "s")
+        assert SEEN["postgres pool"] == "QueuePool", "no connection was kept"
+        _expected_shape(without, "s")
+        assert within == without
+        engine = getattr(held.event_log_storage, "_engine", None)
+        assert engine is not None and type(engine.pool).__name__ == "NullPool", \
+            "dagster-postgres's own engine is not back"
+        with event_files_held(held, "any") as files:  # no SQLite file on this storage
+            assert files == 0
 
 
 def test_the_storage_is_restored_after_the_block_even_on_error() -> None:
