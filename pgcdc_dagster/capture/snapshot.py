@@ -610,8 +610,9 @@ class _SnapshotRun:
         small: list[int] = []  # heap bytes of a single-chunk table, -1 for the others
         now_ms = int(time.time() * 1000)
         order = [n for n in state.tables if n in state.plans]  # markers follow the plan
+        positions = {n: i for i, n in enumerate(order)}
         for name in tables:
-            pos = order.index(name)
+            pos = positions[name]
             ctx = self.contexts[name]
             plan = state.plans[name]
             check_bronze_schema(ctx)  # fail before reading, not at the commit
@@ -624,12 +625,14 @@ class _SnapshotRun:
             first = "first" if pos == 0 else "first_in_data_collection"
             last = "last" if pos == len(order) - 1 else "last_in_data_collection"
             final = len(plan.chunks) - 1
+            schemas = (ctx.bronze_schema, ctx.silver_schema)  # built per access: once here
+            storage = storage_options(ctx.bronze_uri)
             for chunk in plan.chunks:
                 if chunk.index in kept.get(name, {}):
                     continue
                 tasks.append(ChunkTask(
                     self.settings.dsn, point.snapshot_name, chunk, ctx.relation,
-                    ctx.converters, ctx.bronze_schema, ctx.silver_schema,
+                    ctx.converters, *schemas,
                     tuple(self.keys.get(name, ())), self.overrides.get(name), ctx.bronze_uri,
                     ctx.silver_uri, self.ident, point.lsn, now_ms,
                     first_marker=first if chunk.index == 0 else None,
@@ -638,8 +641,7 @@ class _SnapshotRun:
                     binary=self.settings.snapshot_binary,
                     statement_timeout_ms=self.settings.incremental_statement_timeout_ms
                     if name in self.overrides else 0,
-                    storage=storage_options(ctx.bronze_uri),
-                    silver_file_bytes=self.settings.target_file_bytes))
+                    storage=storage, silver_file_bytes=self.settings.target_file_bytes))
                 small.append(size.bytes if len(plan.chunks) == 1 else -1)
         return group_small(tasks, small, chunk_bytes=self.settings.snapshot_chunk_bytes,
                            slots=self._slots())
