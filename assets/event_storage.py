@@ -236,9 +236,12 @@ def postgres_connection_kept(instance: dg.DagsterInstance) -> Iterator[bool]:
         yield False  # not Dagster's own, or its engine pools already (webserver, a block)
         return
     # The engine dagster-postgres builds for the webserver (optimize_for_webserver), kept
-    # only for the block: same URL, token provider and AUTOCOMMIT isolation.
+    # only for the block: same URL, token provider and AUTOCOMMIT isolation. The block may
+    # last hours (a long snapshot): a connection the server or a proxy closed meanwhile is
+    # replaced on its next use (pre-ping), not an error in the run.
     kept = create_pg_engine(url, storage._token_provider, isolation_level="AUTOCOMMIT",
-                            pool_size=1, max_overflow=POSTGRES_POOL_OVERFLOW)
+                            pool_size=1, max_overflow=POSTGRES_POOL_OVERFLOW,
+                            pool_pre_ping=True)
     setattr(storage, "_engine", kept)  # noqa: B010  (a private attribute, checked above)
     try:
         yield True

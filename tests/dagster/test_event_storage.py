@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import psycopg2
 import pytest
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -310,6 +311,33 @@ def _postgres_instance(dsn: str) -> contextlib.AbstractContextManager[dg.Dagster
     return dg.instance_for_test(overrides={"storage": {"postgres": {"postgres_url": url}}})
 
 
+class DropConfig(dg.Config):
+    dsn: str
+
+
+@dg.op
+def report_across_a_dropped_connection(context: dg.OpExecutionContext,
+                                       config: DropConfig) -> None:
+    """The server closes the kept connection between two events (a restart, an idle timeout
+    of a proxy): the next event is stored all the same."""
+    with event_files_held(context.instance, context.run_id):
+        context.log_event(dg.AssetMaterialization(asset_key=["bronze", "drop", "before"]))
+        conn = psycopg2.connect(config.dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                            "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                SEEN["terminated"] = cur.fetchone()[0]  # type: ignore[index]
+        finally:
+            conn.close()
+        context.log_event(dg.AssetMaterialization(asset_key=["bronze", "drop", "after"]))
+
+
+@dg.job
+def dropped_connection() -> None:
+    report_across_a_dropped_connection()
+
+
 @pytest.mark.integration
 def test_on_postgres_a_connection_is_kept_and_the_same_is_stored(pg_dsn: str,
                                                                   second_pg_dsn: str) -> None:
@@ -326,6 +354,11 @@ def test_on_postgres_a_connection_is_kept_and_the_same_is_stored(pg_dsn: str,
             "dagster-postgres's own engine is not back"
         with event_files_held(held, "any") as files:  # no SQLite file on this storage
             assert files == 0
+        result = dropped_connection.execute_in_process(
+            instance=held, run_config={"ops": {"report_across_a_dropped_connection": {
+                "config": {"dsn": second_pg_dsn}}}})
+        assert result.success and SEEN["terminated"], "the kept connection was not closed"
+        assert held.get_latest_materialization_event(dg.AssetKey(["bronze", "drop", "after"]))
 
 
 def test_the_storage_is_restored_after_the_block_even_on_error() -> None:
