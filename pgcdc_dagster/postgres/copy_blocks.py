@@ -49,36 +49,47 @@ class _BlockSink(io.RawIOBase):
         self.block_size = block_size
         self.parts: list[bytes] = []
         self.size = 0
+        self.row_end: tuple[int, int] | None = None
+        """The last newline written: (part, offset); a block is cut there."""
         self.failure: BaseException | None = None
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
-        size = memoryview(data).nbytes
+        chunk = bytes(data)
         if self.failure is None:
-            self.parts.append(bytes(data))
-            self.size += len(data)
-            if self.size >= self.block_size:
-                self.parse(final=False)
-        return size
+            end = chunk.rfind(b"\n")  # each byte is searched once: a long row costs no more
+            if end >= 0:
+                self.row_end = (len(self.parts), end + 1)
+            self.parts.append(chunk)
+            self.size += len(chunk)
+            if self.size >= self.block_size and self.row_end is not None:
+                part, offset = self.row_end
+                block = b"".join([*self.parts[:part], self.parts[part][:offset]])
+                self.parts = [self.parts[part][offset:], *self.parts[part + 1:]]
+                self.size -= len(block)
+                self.row_end = None
+                self.parse(block)
+        return len(chunk)
 
-    def parse(self, *, final: bool) -> None:
-        if self.failure is not None or not self.size:
-            return
+    def finish(self) -> None:
+        """Parse what is left (COPY's last row ends with a newline)."""
         block = b"".join(self.parts)
-        cut = len(block) if final else block.rfind(b"\n") + 1
-        rest = block[cut:]
-        self.parts, self.size = ([rest], len(rest)) if rest else ([], 0)
-        if not cut:
+        self.parts, self.size, self.row_end = [], 0, None
+        if block:
+            self.parse(block)
+
+    def parse(self, block: bytes) -> None:
+        if self.failure is not None:
             return
         try:
-            for batch in _text_reader(pa.BufferReader(block[:cut]), self.columns,
-                                      self.block_size):
+            # one parser block: the block is in memory already, and may hold a long row
+            for batch in _text_reader(pa.BufferReader(block), self.columns, len(block) + 1):
                 self.consume(_unescape(batch, None))
         except BaseException as exc:  # kept for the caller, after the COPY ends
             self.failure = exc
-            self.parts, self.size = [], 0
+            self.parts, self.size, self.row_end = [], 0, None
 
 
 def copy_text_blocks(conn: psycopg2.extensions.connection, query: sql.Composable,
@@ -97,7 +108,7 @@ def copy_text_blocks(conn: psycopg2.extensions.connection, query: sql.Composable
     try:
         with conn.cursor() as cur, io.BufferedWriter(sink, WRITE_BUFFER) as buffered:
             cur.copy_expert(copy, buffered)
-        sink.parse(final=True)
+        sink.finish()
     except psycopg2.Error:
         _back_to_savepoint(conn)
         raise
