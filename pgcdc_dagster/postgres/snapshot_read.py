@@ -46,6 +46,7 @@ from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, PgCdcError
 from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.sql_filter import RejectedSql, check_select, single_statement
+from pgcdc_dagster.postgres.statements import execute
 
 CSV_BLOCK_BYTES = 1 << 20
 """Default parser block: about ``snapshot.fetch.size`` rows of a typical table."""
@@ -390,11 +391,12 @@ def _histogram_bounds(conn: psycopg2.extensions.connection, schema: str, table: 
         return []
     with conn.cursor() as cur:
         set_session(cur, local=False)
-        cur.execute(sql.SQL(
+        execute(cur, sql.SQL(
             "SELECT _h._b::text AS bound FROM unnest((SELECT histogram_bounds::text::{}[] "
-            "FROM pg_stats WHERE schemaname = %s AND tablename = %s AND attname = %s "
+            "FROM pg_stats WHERE schemaname = {} AND tablename = {} AND attname = {} "
             "ORDER BY inherited DESC LIMIT 1)) AS _h(_b) ORDER BY _h._b").format(
-                sql.SQL(column.sql_type)), (schema, table, column.name))
+                sql.SQL(column.sql_type), sql.Placeholder(), sql.Placeholder(),
+                sql.Placeholder()), (schema, table, column.name))
         return [(str(row[0]),) for row in cur.fetchall()]
 
 
