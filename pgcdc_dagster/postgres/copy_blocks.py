@@ -25,7 +25,7 @@ import psycopg2.extensions
 import pyarrow as pa
 from psycopg2 import sql
 
-from pgcdc_dagster.postgres.snapshot_read import _text_reader, _unescape
+from pgcdc_dagster.postgres.snapshot_read import text_reader, unescape_batch
 
 BLOCK_BYTES = 4 << 20
 """Text bytes parsed at a time."""
@@ -85,8 +85,8 @@ class _BlockSink(io.RawIOBase):
             return
         try:
             # one parser block: the block is in memory already, and may hold a long row
-            for batch in _text_reader(pa.BufferReader(block), self.columns, len(block) + 1):
-                self.consume(_unescape(batch, None))
+            for batch in text_reader(pa.BufferReader(block), self.columns, len(block) + 1):
+                self.consume(unescape_batch(batch, None))
         except BaseException as exc:  # kept for the caller, after the COPY ends
             self.failure = exc
             self.parts, self.size, self.row_end = [], 0, None

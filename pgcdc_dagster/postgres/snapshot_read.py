@@ -557,13 +557,13 @@ PLAIN_TYPES = frozenset({
 """Types whose text output never holds a backslash or a control character (no COPY escape)."""
 
 
-def _unescape(batch: pa.RecordBatch, escaped: Collection[int] | None) -> pa.RecordBatch:
+def unescape_batch(batch: pa.RecordBatch, escaped: Collection[int] | None) -> pa.RecordBatch:
     cols = [_unescape_column(c) if escaped is None or i in escaped else c
             for i, c in enumerate(batch.columns)]
     return pa.RecordBatch.from_arrays(cols, schema=batch.schema)
 
 
-def _text_reader(source: Any, columns: Sequence[str],
+def text_reader(source: Any, columns: Sequence[str],
                  block_size: int) -> pacsv.CSVStreamingReader:
     names = list(columns)
     return pacsv.open_csv(
@@ -703,9 +703,9 @@ def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable
     thread.start()
     try:
         try:
-            reader = _text_reader(source, columns, block_size)
+            reader = text_reader(source, columns, block_size)
             for batch in reader:
-                yield _unescape(batch, escaped)
+                yield unescape_batch(batch, escaped)
         except pa.ArrowInvalid as exc:
             if "Empty CSV" not in str(exc):
                 cause = failed()
