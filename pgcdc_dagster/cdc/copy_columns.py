@@ -211,8 +211,17 @@ def validity(null: npt.NDArray[np.bool_]) -> pa.Buffer | None:
     return pa.array(~null, pa.bool_()).buffers()[1]
 
 
-_KEEP = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF, 0xFFFFFFFF], dtype="<u4")
-"""Masks that keep the first 0..4 bytes of a word read in memory order."""
+def _inline_masks() -> npt.NDArray[np.uint32]:
+    """Row ``k`` (0..12): three words that keep the first ``k`` bytes of 12 read in memory
+    order; row 13 keeps the first 4 (a long value's prefix)."""
+    keep = np.zeros((14, 12), dtype=np.uint8)
+    for k in range(13):
+        keep[k, :k] = 0xFF
+    keep[13, :4] = 0xFF
+    return np.ascontiguousarray(keep).view("<u4")
+
+
+_INLINE_MASKS = _inline_masks()
 
 
 def string_values(rows: BinaryRows, col: int, skip: int = 0) -> pa.StringArray:
@@ -233,16 +242,18 @@ def string_values(rows: BinaryRows, col: int, skip: int = 0) -> pa.StringArray:
     if len(rows.data) >= 2**31:
         raise DecodeError(f"column {col}: a batch of 2 GiB or more cannot be referenced")
     # A view: Int32 length, then up to 12 bytes inline (zero after the value); or the 4
-    # prefix bytes, buffer 0, offset. Words are read in memory order ("<u4") at any offset.
+    # prefix bytes, buffer 0, offset. The 12 bytes after each value's start are gathered
+    # at once (one "V12" element per byte offset) and masked to the value's inline bytes;
+    # a long value's last two words are then its buffer index (0) and offset.
     short = length <= 12
     at = np.where(null, 0, start)
-    inline = np.where(short, length, 4)
-    words = numbers_at(rows.data, "<u4")
     views = np.empty((n, 4), dtype="<u4")
     views[:, 0] = length
-    for j in range(3):
-        kept = words[at + 4 * j] & _KEEP[np.clip(inline - 4 * j, 0, 4)]
-        views[:, j + 1] = kept if j == 0 else np.where(short, kept, 0 if j == 1 else start)
+    inline = numbers_at(rows.data, "V12")[at].view("<u4").reshape(n, 3)
+    inline &= _INLINE_MASKS[np.where(short, length, 13)]
+    views[:, 1:] = inline
+    if not bool(short.all()):
+        views[:, 3] = np.where(short, views[:, 3], start)
     out = pa.Array.from_buffers(pa.string_view(), n,
                                 [validity(null), pa.py_buffer(views), rows.buffer],
                                 null_count=int(null.sum()))

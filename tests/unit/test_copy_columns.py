@@ -35,6 +35,20 @@ def test_values_nulls_and_strings_inline_or_referenced() -> None:
     assert cc.string_values(rows, 2).null_count == 1
 
 
+def test_strings_of_every_length_around_the_inline_limit() -> None:
+    """Values of 0..20 bytes (inline up to 12, referenced beyond) next to bytes that must not
+    leak into them, with NULLs, after a skipped header byte, and the last row's value ending
+    at the buffer's end: each string is exactly its value."""
+    values = [bytes([0x41 + k % 26]) * k + "é".encode() * (k % 2) for k in range(21)]
+    rows = [_row(v, b"\xff" * 16 if k % 3 else None, b"\x01" + v) for k, v in
+            enumerate(values)] + [_row(None, None, None)]
+    batch = cc.split_fields(rows[::-1] + rows, 3)
+    want = [v.decode() for v in values] + [None]
+    assert cc.string_values(batch, 0).to_pylist() == want[::-1] + want
+    assert cc.string_values(batch, 2, skip=1).to_pylist() == want[::-1] + want
+    assert cc.string_values(batch, 1).null_count == 2 * (7 + 1)
+
+
 def test_skip_shorter_than_value_is_an_error() -> None:
     rows = cc.split_fields(ROWS, 3)
     with pytest.raises(DecodeError, match="row 2 column 1"):
