@@ -24,8 +24,11 @@ Every table's silver catches up once when the run before did not leave every sil
 # No ``from __future__ import annotations`` here: Dagster reads the config and resource
 # annotations of the op function at definition time.
 
+import dataclasses
+import queue
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -55,8 +58,9 @@ from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.lake.delta import shared_reads
 from pgcdc_dagster.ops.delta_stats import TableStats, table_stats
 from pgcdc_dagster.ops.settings import MonitorSettings
-from pgcdc_dagster.ops.slot_health import slot_health
+from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
 from pgcdc_dagster.postgres.discovery import Resolution
+from pgcdc_dagster.postgres.slot_lock import SlotLease, lease_lent
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
 CAPTURE_OP = "capture"
@@ -128,15 +132,26 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
     def run_capture(context: dg.OpExecutionContext, config: BronzeConfig,
                     postgres: PostgresResource, lakehouse: LakehouseResource,
                     capture: CaptureResource, spark: SparkResource) -> None:
-        hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
+        lease = hold_slot_for_run(context, capture, postgres.dsn)  # one reader, whole run
         instance = context.instance
         cap = capture.settings(postgres.dsn, lakehouse.root)
         ensure_partitions(instance, captured)  # incremental-snapshot backfills
         sweep = _silver_may_lag(instance, context.run_id)
         handle = spark.lazy()
         started = time.monotonic()
-        run = run_bronze(cap, handle, force_snapshot_step=config.snapshot_step,
-                         only=set(captured), progress=context.log.info)
+        reporter = _Reporter(context, settings, lakehouse.internal)
+
+        def early(part: BronzeRun) -> None:
+            """A batch of snapshot tables committed: report them while the step goes on."""
+            changed, current = part.changed(), part.current_silver()
+            reporter.report(part, changed, [(c, current.get(c.name)) for c in changed],
+                            slot_health(postgres.dsn, capture.slot),
+                            time.monotonic() - started, slot_check=False)
+            reporter.early.update(c.name for c in changed)
+
+        run = _bronze_in_thread(context, lease, lambda progress, committed: run_bronze(
+            cap, handle, force_snapshot_step=config.snapshot_step, only=set(captured),
+            progress=progress, on_committed=committed), early)
         seconds = time.monotonic() - started
         for note in run.notes:
             context.log.info(note)
@@ -157,6 +172,94 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
             "tables_captured": len(run.names), "duration_s": round(seconds, 3),
             "lag_bytes": health.lag_bytes, "wal_status": str(health.wal_status),
             **skipped_metadata(run.skipped)}))
+        # Tables reported as their snapshot was committed: again only for what the stream
+        # wrote to them after it (their snapshot part is on record).
+        streamed = run.stream.events_by_table() if run.stream is not None else {}
+        left = [c for c in changed if c.name not in reporter.early or c.name in streamed]
+        names = {c.name for c in changed}
+        # Only the catch-up sweep builds (opens) every table; a regular run only the changed.
+        silver_of = left + [c for c in run.contexts if c.name not in names] if sweep \
+            else left
+        if len(silver_of) > len(left):  # the catch-up sweep (one event, not per run)
+            context.log.info(f"silver of {len(silver_of)} tables "
+                             f"({len(left)} changed by this run)")
+        # Tables the snapshot just committed, silver and all, have nothing to catch up.
+        current = run.current_silver()
+        behind = [c for c in silver_of if c.name not in current]
+        caught_up = dict(zip([c.name for c in behind], apply_silver_tables(
+            behind, handle, cap.silver_spark_threshold_rows), strict=True))
+        left_names = {c.name for c in left}
+        silver = [(ctx, report) for ctx, report in (
+            (c, current.get(c.name) or caught_up[c.name]) for c in silver_of)
+            if ctx.name in left_names or report.events != 0 or
+            report.bronze_from != report.bronze_to]  # swept with nothing: no event
+        reporter.report(run, left, silver, health, seconds, meta_tables=True)
+
+    return capture_op
+
+
+def _bronze_in_thread(context: dg.OpExecutionContext, lease: SlotLease,
+                      work: Callable[[Callable[[str], None], Callable[[BronzeRun], None]],
+                                     BronzeRun],
+                      early: Callable[[BronzeRun], None]) -> BronzeRun:
+    """Run the bronze step (``work(progress, committed)``) on a thread of its own, under the
+    op's slot lease, while this thread writes its log lines and reports (``early``) the
+    snapshot tables it commits as Dagster events: the events of tables already committed
+    are stored while Spark reads the others. Dagster events are written from this thread
+    only. The step's error is raised here as it was raised there; an error here (or the
+    run's termination) stops the step at its next report."""
+    items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def put(kind: str, value: Any) -> None:
+        if stop.is_set():
+            raise dg.Failure("the capture op stopped while its bronze step ran")
+        items.put((kind, value))
+
+    def step() -> BronzeRun:
+        with lease_lent(lease):
+            return work(lambda line: put("log", line), lambda part: put("tables", part))
+
+    with ThreadPoolExecutor(1, thread_name_prefix="pgcdc-bronze") as pool:
+        future = pool.submit(step)
+        future.add_done_callback(lambda _: items.put(("end", None)))
+        try:
+            while True:
+                kind, value = items.get()
+                if kind == "end":
+                    break
+                if kind == "log":
+                    context.log.info(value)
+                else:
+                    early(value)
+        except BaseException:
+            stop.set()
+            raise
+        return future.result()
+
+
+class _Reporter:
+    """Writes a capture run's materializations and light checks (from the op's thread)."""
+
+    def __init__(self, context: dg.OpExecutionContext, settings: MonitorSettings,
+                 internal: Callable[[str], str]) -> None:
+        self.context = context
+        self.settings = settings
+        self.internal = internal
+        """The URI of a capture-wide bronze table (``LakehouseResource.internal``)."""
+        self.early: set[str] = set()
+        """Tables reported as their snapshot was committed."""
+
+    def report(self, run: BronzeRun, changed: Sequence[TableContext],
+               silver: Sequence[tuple[TableContext, SilverReport | None]],
+               health: SlotHealth, seconds: float, *, slot_check: bool = True,
+               meta_tables: bool = False) -> None:
+        """Bronze materializations of ``changed``, silver of ``silver`` (the tables whose
+        report is None are left for the run's catch-up), the light checks of ``changed``
+        (and the slot's with ``slot_check``). A table reported earlier in the run is
+        reported for its stream part only (its snapshot part is on record)."""
+        context, instance = self.context, self.context.instance
+        stream_only = dataclasses.replace(run, snapshot=None)
         bronze_before = previous_of(instance, [bronze_key(*c.relation.qualified)
                                                for c in changed])
 
@@ -164,7 +267,8 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
             with shared_reads():  # each table opened once for its metadata (issue 16)
                 before = _before(bronze_before[bronze_key(*ctx.relation.qualified)][0],
                                  ctx.bronze_uri)
-                return {**_bronze_metadata(run, ctx, before, seconds,
+                return {**_bronze_metadata(stream_only if ctx.name in self.early else run,
+                                           ctx, before, seconds,
                                            None if run.stream is not None else health),
                         **skipped_metadata(run.skipped)}
 
@@ -173,56 +277,43 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
             for ctx, meta in zip(changed, pool.map(bronze_meta, changed), strict=True):
                 context.log_event(dg.AssetMaterialization(
                     asset_key=bronze_key(*ctx.relation.qualified), metadata=meta))
-        with shared_reads():
-            meta_events = run.stream.events_by_table() if run.stream is not None else {}
-            for meta_name in META_TABLES:
-                if internal_events_key(meta_name) not in meta_events:
-                    continue
-                key = meta_key(meta_name)
-                uri = lakehouse.internal(meta_name)
-                context.log_event(dg.AssetMaterialization(asset_key=key, metadata=(
-                    meta_table_metadata(run.stream, meta_name, uri,
-                                        _before(previous_of(instance, [key])[key][0], uri),
-                                        seconds))))
-        names = {c.name for c in changed}
-        # Only the catch-up sweep builds (opens) every table; a regular run only the changed.
-        silver_of = changed + [c for c in run.contexts if c.name not in names] if sweep \
-            else changed
-        if len(silver_of) > len(changed):  # the catch-up sweep (one event, not per run)
-            context.log.info(f"silver of {len(silver_of)} tables "
-                             f"({len(changed)} changed by this run)")
+        if meta_tables:
+            self._meta_tables(run, seconds)
+        applied = [(ctx, r) for ctx, r in silver if r is not None]
         silver_before = previous_of(instance, [silver_key(*c.relation.qualified)
-                                               for c in silver_of])
-        previous = {c.name: silver_before[silver_key(*c.relation.qualified)]
-                    for c in silver_of}
-        befores = {c.name: table_stats(c.silver_uri, previous[c.name][0])
-                   if previous[c.name][0] is not None else TableStats(None) for c in silver_of}
-        # Tables the snapshot just committed, silver and all, have nothing to catch up.
-        current = run.current_silver()
-        behind = [c for c in silver_of if c.name not in current]
-        caught_up = dict(zip([c.name for c in behind], apply_silver_tables(
-            behind, handle, cap.silver_spark_threshold_rows), strict=True))
-        reports = [current.get(c.name) or caught_up[c.name] for c in silver_of]
-        applied = [(ctx, report) for ctx, report in zip(silver_of, reports, strict=True)
-                   if ctx.name in names or report.events != 0 or
-                   report.bronze_from != report.bronze_to]  # swept with nothing: no event
+                                               for c, _ in applied])
 
         def silver_meta(item: tuple[TableContext, SilverReport]) -> dict[str, Any]:
             ctx, report = item
+            version, bronze_from = silver_before[silver_key(*ctx.relation.qualified)]
             with shared_reads():
-                return _silver_metadata(report, ctx, befores[ctx.name], previous[ctx.name][1],
-                                        health)
+                return _silver_metadata(report, ctx, _before(version, ctx.silver_uri),
+                                        bronze_from, health)
 
         with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
             for (ctx, _), meta in zip(applied, pool.map(silver_meta, applied), strict=True):
                 context.log_event(dg.AssetMaterialization(
                     asset_key=silver_key(*ctx.relation.qualified), metadata=meta))
         with shared_reads():
-            for result in light_check_results(instance, changed, health, settings):
+            for result in light_check_results(instance, changed, health, self.settings,
+                                              slot=slot_check):
                 # log_event records check evaluations too (its annotation lists the others only)
                 context.log_event(evaluation(result))  # type: ignore[arg-type]
 
-    return capture_op
+    def _meta_tables(self, run: BronzeRun, seconds: float) -> None:
+        """``bronze/_pgcdc/*`` of the tables the run's windows wrote."""
+        instance = self.context.instance
+        with shared_reads():
+            meta_events = run.stream.events_by_table() if run.stream is not None else {}
+            for meta_name in META_TABLES:
+                if internal_events_key(meta_name) not in meta_events:
+                    continue
+                key = meta_key(meta_name)
+                uri = self.internal(meta_name)
+                self.context.log_event(dg.AssetMaterialization(asset_key=key, metadata=(
+                    meta_table_metadata(run.stream, meta_name, uri,
+                                        _before(previous_of(instance, [key])[key][0], uri),
+                                        seconds))))
 
 
 def build_capture_job(name: str, op: dg.OpDefinition, *, snapshot_step: bool,

@@ -279,13 +279,14 @@ def _evaluated(key: dg.AssetCheckKey,
 
 
 def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableContext],
-                        health: SlotHealth, settings: MonitorSettings
+                        health: SlotHealth, settings: MonitorSettings, *, slot: bool = True
                         ) -> Iterator[dg.AssetCheckResult]:
     """The light checks of the given tables (a capture run passes the tables it changed)
-    and of the slot; a check that cannot evaluate reports why, as in the check ops. The
-    tables' Delta logs are read once each, the runs' ranges in a few instance queries for
-    all of them."""
-    yield slot_result(health, settings)
+    and, with ``slot``, of the slot; a check that cannot evaluate reports why, as in the
+    check ops. The tables' Delta logs are read once each, the runs' ranges in a few
+    instance queries for all of them."""
+    if slot:
+        yield slot_result(health, settings)
     if not contexts:
         return
     facts = read_all_facts(contexts, settings.history_limit, EXPECTED_ERRORS)

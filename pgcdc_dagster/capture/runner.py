@@ -98,7 +98,8 @@ def select_contexts(settings: CaptureSettings,
 @explains_privileges
 def run_bronze(settings: CaptureSettings, spark: SparkLike, *, force_snapshot_step: bool,
                only: Collection[tuple[str, str]] | None = None,
-               progress: Callable[[str], None] = log.info) -> BronzeRun:
+               progress: Callable[[str], None] = log.info,
+               on_committed: Callable[[BronzeRun], None] | None = None) -> BronzeRun:
     """Snapshot if ``snapshot.mode`` asks for one, then read windows into bronze.
 
     The whole step holds the slot's lock (:mod:`pgcdc_dagster.postgres.slot_lock`; re-used
@@ -110,19 +111,25 @@ def run_bronze(settings: CaptureSettings, spark: SparkLike, *, force_snapshot_st
     interrupted snapshot, and, with ``force_snapshot_step`` and ``snapshot.mode = always``,
     snapshots every table again. It covers every captured table, whatever ``only`` selects,
     so that no table ever streams before its snapshot is committed.
+
+    ``on_committed``: receives, as the snapshot step commits a batch of tables, the run as
+    it stands with that batch as its snapshot (``tables``: the batch only; no stream yet):
+    a caller reports them while the step goes on. Tables snapshotted again because they
+    return to the capture set are in the finished run only.
     """
     normalise_mode(settings.snapshot_mode)
     with slot_guard(settings.dsn, settings.slot):
         captured, skipped = load_captured(settings)
         with captured:  # the contexts' connection closed when the step ends
             return _run_bronze(settings, spark, force_snapshot_step, only, progress,
-                               captured, skipped)
+                               captured, skipped, on_committed)
 
 
 def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step: bool,
                 only: Collection[tuple[str, str]] | None,
                 progress: Callable[[str], None], captured: CapturedTables,
-                skipped: list[SkippedTable]) -> BronzeRun:
+                skipped: list[SkippedTable],
+                on_committed: Callable[[BronzeRun], None] | None = None) -> BronzeRun:
     run = BronzeRun(captured, [n for n in captured.names if only is None or n in only],
                     skipped=skipped)
     with connection(settings.dsn) as conn:
@@ -134,8 +141,14 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
             # table removed from the capture set leaves it (nothing decodes it for nothing).
             ensure_publication(conn, settings.publication, captured.relations,
                                "filtered", prune=True)
+
+    def committed(part: SnapshotReport) -> None:
+        if on_committed is not None:
+            on_committed(dataclasses.replace(run, snapshot=part))
+
     run.snapshot = run_snapshot(settings, spark, force=force_snapshot_step, contexts=captured,
-                                progress=progress)
+                                progress=progress,
+                                on_committed=None if on_committed is None else committed)
     if run.snapshot.performed:
         progress(f"snapshot: {run.snapshot.rows} rows from {len(run.snapshot.tables)} tables "
                  f"at {run.snapshot.consistent_point} in {run.snapshot.seconds:.1f}s")

@@ -20,6 +20,7 @@ more per table than their commits).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -220,6 +221,7 @@ def run_snapshot(settings: CaptureSettings, spark: SparkLike, *, force: bool,
                  contexts: Sequence[TableContext] | CapturedTables | None = None,
                  progress: Callable[[str], None] = log.info,
                  on_progress: Callable[[SnapshotProgress], None] | None = None,
+                 on_committed: Callable[[SnapshotReport], None] | None = None,
                  ) -> SnapshotReport:
     """Apply ``snapshot.mode`` and take (or finish) the snapshot it asks for.
 
@@ -233,6 +235,10 @@ def run_snapshot(settings: CaptureSettings, spark: SparkLike, *, force: bool,
             looked up without building them.
         progress: receives a log line after each chunk and at each step.
         on_progress: receives the structured progress after each chunk.
+        on_committed: receives, after each batch of tables is committed (bronze and silver)
+            and recorded in the progress table, a copy of the report as it stands then
+            whose ``tables`` are that batch only (a caller reports them while the other
+            tables are still read). Called on this thread; what it raises stops the step.
 
     Raises:
         SlotLostError: the mode cannot continue without the lost slot's changes.
@@ -243,7 +249,8 @@ def run_snapshot(settings: CaptureSettings, spark: SparkLike, *, force: bool,
     tables = CapturedTables.of(contexts, settings) if contexts is not None \
         else load_captured(settings)[0]
     try:
-        return _SnapshotRun(settings, spark, tables, progress, on_progress).execute(force)
+        return _SnapshotRun(settings, spark, tables, progress, on_progress,
+                            on_committed).execute(force)
     finally:
         if contexts is None:
             tables.close()
@@ -260,13 +267,15 @@ class _SnapshotRun:
 
     def __init__(self, settings: CaptureSettings, spark: SparkLike,
                  contexts: CapturedTables, progress: Callable[[str], None],
-                 on_progress: Callable[[SnapshotProgress], None] | None) -> None:
+                 on_progress: Callable[[SnapshotProgress], None] | None,
+                 on_committed: Callable[[SnapshotReport], None] | None = None) -> None:
         self.settings = settings
         self.spark = LazySpark.of(spark)
         self.contexts = contexts
         self.order = list(contexts.names)
         self.progress = progress
         self.on_progress = on_progress
+        self.on_committed = on_committed
         self.mode = normalise_mode(settings.snapshot_mode)
         self.log = SnapshotLog(progress_uri(settings.lakehouse, settings.slot))
         self.started = time.monotonic()
@@ -535,8 +544,13 @@ class _SnapshotRun:
                     crash_point(f"snapshot_after_chunk_{n}")
                 recorded[0] = report.chunks_read
             if ready:
-                report.tables.extend(self._commit_many(state, ready, done, kept, pool))
+                batch = self._commit_many(state, ready, done, kept, pool)
+                report.tables.extend(batch)
                 ready.clear()
+                if self.on_committed is not None:
+                    self.on_committed(dataclasses.replace(
+                        report, performed=True, tables=batch, _by_table={},
+                        seconds=time.monotonic() - self.started))
 
         with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="pgcdc-commit") as pool:
             # complete before this run (crash before their commit)

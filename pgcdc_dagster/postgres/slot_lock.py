@@ -23,7 +23,8 @@ chance in four billion) would only serialize their captures, never let two reade
 Within one thread the lock is re-entrant (:func:`slot_guard` reuses the thread's lease): a
 Dagster run takes it in its first capture step and keeps it until the run ends
 (``CaptureResource.hold_slot``), and the engine functions it calls find it held. Another
-thread of the same process is another reader and is refused like another process.
+thread of the same process is another reader and is refused like another process, unless
+the holder lends it its lease (:func:`lease_lent`).
 """
 
 from __future__ import annotations
@@ -248,6 +249,26 @@ def _try_lock(cur: psycopg2.extensions.cursor, conn: psycopg2.extensions.connect
             return False, holder
         # None: the holder's session ended between the two queries; try again at once.
         time.sleep(0.02 if holder is None else 0.2)
+
+
+@contextmanager
+def lease_lent(lease: SlotLease | None) -> Iterator[None]:
+    """Let the calling thread use ``lease``, held by another thread of the same reader, for
+    the block: a worker thread doing the holder's work (the capture op reports events while
+    its snapshot runs in a thread) is the same reader, not a second one. None: nothing to
+    lend (the thread takes the lock itself)."""
+    if lease is None:
+        yield
+        return
+    key = (threading.get_ident(), lease.dsn, lease.slot)
+    with _REGISTRY_LOCK:
+        _REGISTRY[key] = lease
+    try:
+        yield
+    finally:
+        with _REGISTRY_LOCK:
+            if _REGISTRY.get(key) is lease:
+                del _REGISTRY[key]
 
 
 @contextmanager

@@ -65,7 +65,7 @@ def test_jobs_in_process(pg_dsn, pg_conn, spark, lakehouse) -> None:
     assert result.success
     mats = _materializations(result)
     assert mats["bronze/public/items"]["snapshot_rows"] == 200
-    assert mats["bronze/public/items"]["capture_kind"] == "snapshot+stream"
+    assert mats["bronze/public/items"]["capture_kind"] == "snapshot"  # stream wrote nothing
     assert mats["silver/public/tags"]["delta_version"] == 0  # created by the snapshot commit
 
     with pg_conn.cursor() as cur:

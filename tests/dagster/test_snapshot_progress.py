@@ -1,7 +1,7 @@
 """Issue 5, progress: while a snapshot runs, the Dagster run's event log receives a line per
 finished chunk of a table read in several chunks (single-chunk tables at most every few
 seconds, issue 16) with the rows read, the chunks done, the rate and the ETA; the bronze
-materializations carry the same figures as metadata when the step ends.
+materializations carry the figures as they stood when each table was committed.
 """
 
 from __future__ import annotations
@@ -53,7 +53,12 @@ def test_snapshot_reports_progress_in_the_run_log(pg_dsn, pg_conn, lakehouse) ->
     mats = {"/".join(e.event_specific_data.materialization.asset_key.path):  # type: ignore
             {k: v.value for k, v in e.event_specific_data.materialization.metadata.items()}  # type: ignore
             for e in result.get_asset_materialization_events()}
+    # Each table is reported as its commit is made, with the progress as it stood then: the
+    # table committed last shows the whole snapshot.
+    last = max((mats[f"bronze/public/{t}"] for t in ("big", "small")),
+               key=lambda m: m["snapshot_chunks_done"])
+    assert last["snapshot_rows_read"] == 30001
+    assert last["snapshot_chunks_done"] == last["snapshot_chunks_total"] == total
+    assert last["snapshot_rows_per_second"] > 0 and last["snapshot_eta_seconds"] == 0
     big = mats["bronze/public/big"]
-    assert big["snapshot_rows_read"] == 30001
-    assert big["snapshot_chunks_done"] == big["snapshot_chunks_total"] == total
-    assert big["snapshot_rows_per_second"] > 0 and big["snapshot_eta_seconds"] == 0
+    assert big["snapshot_rows_read"] >= 30000 and big["snapshot_chunks_done"] >= total - 1

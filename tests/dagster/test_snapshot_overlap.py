@@ -1,0 +1,108 @@
+"""Issue 16, item 4: a snapshot's tables are reported as their commits are made, while Spark
+reads the others; a table that fails later fails the run with its own error, and the tables
+already committed stay reported and are not snapshotted again.
+
+``snapshot.max.threads = 1`` and tables too big to share a task make the Spark tasks run one
+after the other in table order, so which tables are committed before the failing one is
+deterministic (no timing in the assertions: the event log's order).
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+from deltalake import DeltaTable
+
+from pgcdc_dagster.definitions import build_definitions
+from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.ops.settings import MonitorSettings
+from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from tests.support.compare import assert_silver_equals_source
+
+pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
+
+TABLES = ("t1_first", "t2_second", "t3_bad")
+ROWS = 2000
+
+
+def _mats(instance: dg.DagsterInstance, run_id: str) -> dict[str, dict]:
+    """The run's materializations as its event log holds them (a failed run's too)."""
+    out = {}
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+        mat = entry.asset_materialization
+        assert mat is not None
+        out["/".join(mat.asset_key.path)] = {k: v.value for k, v in mat.metadata.items()}
+    return out
+
+
+def test_tables_reported_as_committed_and_a_later_failure(pg_dsn, pg_conn, lakehouse) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute("SET synchronous_commit = on")
+        for name in TABLES:
+            cur.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, amount numeric, note text); "
+                        f"INSERT INTO {name} SELECT g, g / 8.0, repeat('n', 40) "
+                        f"FROM generate_series(1, {ROWS}) g; ANALYZE {name}")
+        # precise decimals cannot hold NaN: the last table fails in its worker
+        cur.execute("UPDATE t3_bad SET amount = 'NaN' WHERE id = 1999")
+    tables = [("public", t) for t in TABLES]
+    defs = build_definitions(tables, {
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "lakehouse": LakehouseResource(root=str(lakehouse)),
+        "capture": CaptureResource(tables=r"public\.t\d_.*", slot="dg_overlap",
+                                   publication="dg_overlap", snapshot_max_threads=1,
+                                   snapshot_chunk_bytes=1 << 20),
+        "spark": SparkResource(),
+    }, settings=MonitorSettings())
+    lake = str(lakehouse)
+    with dg.instance_for_test() as instance:
+        failed = defs.resolve_job_def("initial_snapshot").execute_in_process(
+            instance=instance, raise_on_error=False)
+        assert not failed.success
+        step_error = failed.failure_data_for_node("capture").error  # type: ignore[union-attr]
+        error = step_error.cause if step_error is not None else None  # the op's own error
+        assert error is not None and error.cls_name == "UnsupportedTypeError"
+        assert "public.t3_bad" in error.message and "decimal.handling.mode" in error.message
+        # The tables committed before the failure are reported, exactly: nothing of t3_bad.
+        mats = _mats(instance, failed.run_id)
+        assert set(mats) == {f"{layer}/public/{t}" for layer in ("bronze", "silver")
+                             for t in TABLES[:2]}
+        for t in TABLES[:2]:
+            bronze, silver = mats[f"bronze/public/{t}"], mats[f"silver/public/{t}"]
+            assert bronze["capture_kind"] == "snapshot" and bronze["snapshot_rows"] == ROWS
+            assert bronze["events_r"] == bronze["rows_written"] == ROWS
+            assert bronze["dagster/row_count"] == ROWS and bronze["delta_version"] == 0
+            assert silver["dagster/row_count"] == silver["rows_written"] == ROWS
+            assert silver["delta_version"] == 0 and silver["capture_kind"] == "snapshot"
+            assert_silver_equals_source(pg_conn, table_uri(lake, "silver", "public", t),
+                                        "public", t, ["id"])
+        checks = {}
+        for entry in instance.all_logs(failed.run_id,
+                                       of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
+            evaluation = entry.dagster_event.asset_check_evaluation_data  # type: ignore[union-attr]
+            checks[(evaluation.asset_key.path[-1], evaluation.check_name)] = evaluation.passed
+        assert checks == {(t, c): True for t in TABLES[:2]
+                          for c in ("lsn_windows_contiguous", "schema_matches_source")}
+        # Reported while the snapshot went on: t1_first's events are stored before the
+        # second table's commit line.
+        events = instance.all_logs(failed.run_id)
+        first_mat = next(i for i, e in enumerate(events) if e.is_dagster_event and
+                         e.dagster_event_type == dg.DagsterEventType.ASSET_MATERIALIZATION)
+        second_commit = next(i for i, e in enumerate(events)
+                             if "public.t2_second: 2,000 rows committed" in (e.message or ""))
+        assert first_mat < second_commit
+        assert events[first_mat].asset_materialization.asset_key.path[-1] == "t1_first"  # type: ignore[union-attr]
+
+        with pg_conn.cursor() as cur:  # the user fixes the value; the next run finishes
+            cur.execute("UPDATE t3_bad SET amount = 0 WHERE id = 1999")
+        rerun = defs.resolve_job_def("cdc_microbatch").execute_in_process(instance=instance)
+        assert rerun.success
+        mats = _mats(instance, rerun.run_id)
+        assert mats["bronze/public/t3_bad"]["snapshot_rows"] == ROWS
+        assert mats["bronze/public/t3_bad"]["snapshot_resumed_chunks_total"] == 0
+        # the committed tables are not snapshotted (nor reported) again
+        assert not any(t in key for key in mats for t in TABLES[:2])
+    for t in TABLES:
+        assert_silver_equals_source(pg_conn, table_uri(lake, "silver", "public", t),
+                                    "public", t, ["id"])
+        bronze = DeltaTable(table_uri(lake, "bronze", "public", t)).to_pyarrow_table()
+        assert bronze.num_rows == ROWS, f"{t}: each row captured exactly once"
