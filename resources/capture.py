@@ -10,15 +10,17 @@ from pgcdc_dagster.capture.settings import (
     DEFAULT_STATEMENT_TIMEOUT_MS,
     CaptureSettings,
 )
-from pgcdc_dagster.cdc.column_options import ColumnOptions
+from pgcdc_dagster.cdc.column_options import ColumnOptions, split_regex_list
 from pgcdc_dagster.cdc.plugins import check_plugin
 from pgcdc_dagster.cdc.typeconv import TypeModes
 from pgcdc_dagster.postgres.slot_lock import SlotLease, acquire
 
 
 def split_list(value: str) -> tuple[str, ...]:
-    """Split a comma-separated Debezium list property."""
-    return tuple(p.strip() for p in value.split(",") if p.strip())
+    """Split a comma-separated Debezium list of regular expressions (``table.include.list``,
+    ``PGCDC_TABLES``, ...) as Debezium does: ``\\,`` is a comma of the expression, and so is
+    a comma inside ``{m,n}``, ``(...)`` or ``[...]`` (``public\\.t{1,3}``)."""
+    return tuple(split_regex_list(value))
 
 
 class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]

@@ -54,14 +54,17 @@ Patterns = tuple[re.Pattern[str], ...]
 
 
 def split_regex_list(value: str) -> list[str]:
-    """Split a comma-separated list of regular expressions.
+    """Split a comma-separated list of regular expressions (Debezium's list properties).
 
-    A comma escaped as ``\\,`` and a comma inside ``{m,n}``, ``[...]`` or ``(...)`` belong
-    to the expression; surrounding blanks are dropped.
+    A comma escaped as ``\\,`` and a comma inside ``{m,n}``, ``(...)`` or a character class
+    ``[...]`` belong to the expression; surrounding blanks are dropped. Inside a character
+    class, brackets and braces are plain characters (``[(]`` opens no group) and a ``]`` right
+    after ``[`` or ``[^`` is a member, as in Python's ``re``.
     """
     items: list[str] = []
     current: list[str] = []
     depth = 0
+    in_class = False
     i = 0
     while i < len(value):
         ch = value[i]
@@ -70,11 +73,21 @@ def split_regex_list(value: str) -> list[str]:
             current.append("," if nxt == "," else ch + nxt)
             i += 2
             continue
-        if ch in "{[(":
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+            # A ']' first in the class (after an optional '^') is a member, not its end.
+            j = i + 1 + (value[i + 1:i + 2] == "^")
+            if value[j:j + 1] == "]":
+                current.append(value[i:j + 1])
+                i = j + 1
+                continue
+        elif ch in "{(":
             depth += 1
-        elif ch in "}])" and depth:
+        elif ch in "})" and depth:
             depth -= 1
-        if ch == "," and depth == 0:
+        if ch == "," and depth == 0 and not in_class:
             items.append("".join(current).strip())
             current = []
         else:

@@ -196,6 +196,26 @@ def test_a_named_keyless_table_is_refused(pg_dsn, pg_conn, monkeypatch) -> None:
         == {("silver", "public", "keyed")}
 
 
+def test_table_lists_split_as_debezium_splits_them(pg_dsn, pg_conn, monkeypatch) -> None:
+    """PGCDC_TABLES / table.exclude.list are Debezium lists of regular expressions: ``\\,`` is
+    a comma of the expression (a table named ``a,b``), and a comma inside ``{m,n}`` or a
+    character class does not split it. A plain comma split made ``public\\.a\\`` of the
+    first (refused: bad escape) and never matched the others."""
+    with pg_conn.cursor() as cur:
+        for table in ("a,b", "t1", "t12", "t123", "x,z", "x(z"):
+            cur.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(
+                sql.Identifier(table)))
+    monkeypatch.setenv("PGCDC_PG_DSN", pg_dsn)
+    monkeypatch.setenv("PGCDC_TABLES", r"public\.a\,b, public\.t\d{1,2},public\.x[(,]z")
+    silver = {tuple(k.path[1:]) for k in defs().resolve_all_asset_keys() if k.path[0] == "silver"}
+    assert silver == {("public", "x__a_2c_b"), ("public", "t1"), ("public", "t12"),
+                      ("public", "x__x_2c_z"), ("public", "x__x_28_z")}
+    settings = CaptureResource(tables=r"public\..*", exclude_tables=r"public\.t\d{2,3}, "
+                               r"public\.x[,]z").settings(pg_dsn, "/unused")
+    assert settings.include == (r"public\..*",)
+    assert settings.exclude == (r"public\.t\d{2,3}", r"public\.x[,]z")
+
+
 @pytest.mark.parametrize("publication", ['CDC Pub"1', "MixedCase"])
 def test_lag_sensor_counts_changes_of_a_mixed_case_publication(pg_dsn, pg_conn, lakehouse,
                                                                 publication) -> None:

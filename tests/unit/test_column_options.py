@@ -76,6 +76,10 @@ def bronze(conv, *values):
 def test_split_regex_list_keeps_quantifiers_and_escaped_commas():
     assert split_regex_list(r" a\.b , c{1,3}, [x,y]z, d\,e ,, ") == \
         [r"a\.b", "c{1,3}", "[x,y]z", "d,e"]
+    # Inside a character class a bracket opens nothing; a leading ']' is a member;
+    # an escaped backslash does not escape the comma after it.
+    assert split_regex_list(r"a[(]b,c[])],d[^]{],e,f\\,g") == \
+        ["a[(]b", "c[])]", "d[^]{]", "e", "f\\\\", "g"]
 
 
 @pytest.mark.parametrize(("pairs", "message"), [
