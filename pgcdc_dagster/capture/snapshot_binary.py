@@ -316,6 +316,62 @@ def _date(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
 
 
 _POW10 = np.array([10**k for k in range(19)], dtype=np.int64)
+_BOUND_EXPONENTS = 40
+_POW10_FLOAT = np.power(10.0, np.arange(-_BOUND_EXPONENTS, _BOUND_EXPONENTS + 1,
+                                        dtype=np.float64))
+"""10.0 ** k for k in -40..40, looked up per value (a float power per value costs more than
+the whole digit decoding)."""
+_WORD_GROUPS = 4
+"""Digit groups (base 10000) read as one 8-byte word: values of up to 16 digits."""
+_GROUP_MASKS = np.array([[0xFFFF] * k + [0] * (_WORD_GROUPS - k) for k in
+                         range(_WORD_GROUPS + 1)], dtype=np.uint16)
+"""Row ``k``: keeps the first ``k`` digit groups of a word (the bytes after a value's last
+group belong to the next field)."""
+_GROUP_WEIGHTS = np.array([10_000**k for k in range(_WORD_GROUPS - 1, -1, -1)],
+                          dtype=np.int64)
+
+
+def _unscaled_in_word(data: npt.NDArray[np.uint8], start: npt.NDArray[np.int64],
+                      ndigits: npt.NDArray[np.int64], weight: npt.NDArray[np.int64],
+                      scale: int) -> npt.NDArray[np.int64] | None:
+    """Unscaled values of at most four digit groups each (ndigits 0 for NULL rows): the
+    groups as one big-endian word, masked to the value's own and read as the integer ``V``
+    of four groups, so the value is ``V * 10000^(weight - 3)``; None when a value has more
+    digits than the scale keeps."""
+    n = len(start)
+    groups = cc.numbers_at(data, "V8")[start + 8].view(">u2").reshape(n, _WORD_GROUPS)
+    groups = groups & _GROUP_MASKS[ndigits]
+    v = groups.astype(np.int64) @ _GROUP_WEIGHTS
+    exponent = 4 * (weight - (_WORD_GROUPS - 1)) + scale
+    up = exponent >= 0
+    factor = _POW10[np.clip(np.abs(exponent), 0, 18)]
+    whole, rest = np.divmod(v, factor)
+    if bool((~up & ((rest != 0) | ((exponent < -18) & (v != 0)))).any()):
+        return None
+    out: npt.NDArray[np.int64] = np.where(up, v * factor, whole)
+    return out
+
+
+def _unscaled_by_digit(int16: npt.NDArray[np.generic], start: npt.NDArray[np.int64],
+                       ndigits: npt.NDArray[np.int64], weight: npt.NDArray[np.int64],
+                       live: npt.NDArray[np.bool_], scale: int
+                       ) -> npt.NDArray[np.int64] | None:
+    """Unscaled values of any digit count, one digit group at a time (see
+    :func:`_unscaled_in_word`)."""
+    unscaled = np.zeros(len(start), dtype=np.int64)
+    for i in range(int(ndigits[live].max(initial=0))):
+        has = live & (ndigits > i)
+        digit = int16[np.where(has, start + 8 + 2 * i, 0)].astype(np.int64)
+        exponent = 4 * (weight - i) + scale
+        up = has & (exponent >= 0)
+        unscaled += np.where(up, digit * _POW10[np.clip(exponent, 0, 18)], 0)
+        down = has & (exponent < 0)
+        if down.any():
+            divisor = _POW10[np.clip(-exponent, 0, 18)]
+            if bool((down & (digit % divisor != 0)).any()):  # more digits than the scale
+                return None
+            unscaled += np.where(down, digit // divisor, 0)
+    return unscaled
 
 
 def _numeric(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
@@ -333,25 +389,17 @@ def _numeric(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
     # |value| < (first digit + 1) * 10000^weight, so the unscaled value stays below 10^18
     # (an int64) when that bound, times 10^scale, does
     first = int16[np.where(live & (ndigits > 0), start + 8, 0)].astype(np.float64)
-    bound = (first + 1) * np.power(10.0, np.clip(4 * weight + scale, -40, 40))
+    bound = (first + 1) * _POW10_FLOAT[np.clip(4 * weight + scale, -_BOUND_EXPONENTS,
+                                               _BOUND_EXPONENTS) + _BOUND_EXPONENTS]
     fits = (ndigits == 0) | (bound <= 10.0 ** NUMERIC_MAX_DIGITS)
-    ok = not bool((live & ~(plain & fits & (length == 8 + 2 * ndigits))).any())
-    unscaled = np.zeros(len(null), dtype=np.int64)
-    if ok:
-        for i in range(int(ndigits[live].max(initial=0))):
-            has = live & (ndigits > i)
-            digit = int16[np.where(has, start + 8 + 2 * i, 0)].astype(np.int64)
-            exponent = 4 * (weight - i) + scale
-            up = has & (exponent >= 0)
-            unscaled += np.where(up, digit * _POW10[np.clip(exponent, 0, 18)], 0)
-            down = has & (exponent < 0)
-            if down.any():
-                divisor = _POW10[np.clip(-exponent, 0, 18)]
-                if bool((down & (digit % divisor != 0)).any()):  # more digits than the scale
-                    ok = False
-                    break
-                unscaled += np.where(down, digit // divisor, 0)
-    if not ok:  # NaN, infinities, values beyond the column's typmod: the converter decides
+    unscaled: npt.NDArray[np.int64] | None = None
+    if not bool((live & ~(plain & fits & (length == 8 + 2 * ndigits))).any()):
+        ndigits = np.where(live, ndigits, 0)
+        unscaled = _unscaled_in_word(rows.data, start, ndigits, weight, scale) \
+            if int(ndigits.max(initial=0)) <= _WORD_GROUPS else \
+            _unscaled_by_digit(int16, start, ndigits, weight, live, scale)
+    if unscaled is None:  # NaN, infinities, values beyond the column's typmod: the
+        # converter decides
         values = [None if null[r] else pg_numeric_text(
             rows.data[rows.starts[col][r]:rows.starts[col][r] + length[r]].tobytes())
             for r in range(len(null))]

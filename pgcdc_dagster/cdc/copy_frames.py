@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from pgcdc_dagster.cdc.copy_columns import numbers_at
 from pgcdc_dagster.cdc.pgcopy import TRAILER, header_length
 from pgcdc_dagster.exceptions import DecodeError
 
@@ -57,7 +58,8 @@ class ServerError:
 
 def _heads(data: Bytes, starts: Ints) -> tuple[Ints, Ints]:
     """Length and field count of the messages at ``starts`` (8 bytes readable at each)."""
-    head = np.lib.stride_tricks.sliding_window_view(data, 8)[starts].view(">u8").ravel()
+    # one 8-byte gather per start (a window view indexed by rows copies byte by byte)
+    head: npt.NDArray[np.uint64] = numbers_at(data, ">u8")[starts].astype(np.uint64)
     length = ((head >> np.uint64(24)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
     count = ((head >> np.uint64(8)) & np.uint64(0xFFFF)).astype(np.int64)
     return length, count
