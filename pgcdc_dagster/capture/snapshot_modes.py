@@ -75,7 +75,7 @@ def normalise_mode(mode: str) -> str:
 
 def slot_usable(slot: SlotInfo | None) -> bool:
     """The slot exists and still has its WAL (not lost or invalidated)."""
-    return slot is not None and slot.wal_status != "lost" and slot.confirmed_flush_lsn is not None
+    return slot is not None and slot.usable
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,11 @@ class SlotInfo:
     lag_bytes: int
     """Unconsumed WAL: current WAL position minus ``confirmed_flush_lsn``."""
 
+    @property
+    def usable(self) -> bool:
+        """The slot still has its WAL (not lost or invalidated) and a confirmed point."""
+        return self.wal_status != "lost" and self.confirmed_flush_lsn is not None
+
 
 @dataclass(frozen=True, slots=True)
 class ExportedSlot:

@@ -18,9 +18,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from pgcdc_dagster.spark.lazy import LazySpark
 from pgcdc_dagster.spark.session import build_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 PRESTART_JOB = "initial_snapshot"
 """The job whose process starts Spark before the run (its snapshot step reads chunks)."""
@@ -96,7 +100,8 @@ def snapshot_will_read(dsn: str, slot: str, snapshot_mode: str) -> bool:
     slot is missing or lost (modes that create it with a snapshot), or ``snapshot.mode`` is
     ``always``. In any other case (the slot exists, ``no_data``, ``initial_only``, an
     unreachable source) the step starts Spark itself once it knows it has chunks to read."""
-    from pgcdc_dagster.capture.snapshot_modes import slot_usable
+    # Light imports only (psycopg2): the JVM's launch waits for this check, and the capture
+    # modules (pyarrow, deltalake) are imported by the code location meanwhile.
     from pgcdc_dagster.postgres.connection import connection
     from pgcdc_dagster.postgres.slot import slot_info
 
@@ -106,7 +111,8 @@ def snapshot_will_read(dsn: str, slot: str, snapshot_mode: str) -> bool:
         return False
     try:
         with connection(dsn) as conn:
-            return not slot_usable(slot_info(conn, slot))
+            info = slot_info(conn, slot)
+        return info is None or not info.usable
     except Exception:  # the run reports the source's problem, not the code location
         return False
 
@@ -115,12 +121,18 @@ def prestart(master: str, app_name: str = DEFAULT_APP_NAME,
              conf: Mapping[str, str] | None = None,
              driver_memory: str | None = None) -> LazySpark:
     """Start the process's session of these settings in the background, for snapshot chunks
-    (a quick start; the Python workers are started once it is up); return its handle."""
+    (a quick start; the Python workers are started once it is up); return its handle.
+    The chunk reader's modules are not imported here: the JVM's launch does not wait for
+    them (the workers are started by :func:`_warm_workers` once the session is up)."""
+    handle = shared_handle(master, app_name, conf, driver_memory)
+    handle.start(on_ready=_warm_workers, quick=True)
+    return handle
+
+
+def _warm_workers(spark: SparkSession) -> object:
     from pgcdc_dagster.spark.snapshot_tasks import warm_workers
 
-    handle = shared_handle(master, app_name, conf, driver_memory)
-    handle.start(on_ready=warm_workers, quick=True)
-    return handle
+    return warm_workers(spark)
 
 
 _DONE: list[bool] = []

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.spark.worker_daemon import DAEMON_MODULE
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,6 +54,11 @@ the session is up in about half the time). For runs whose Spark work is Python t
 (snapshot chunks): the driver JVM only schedules them. Options the user gives in
 ``spark.driver.extraJavaOptions`` come after these (the JVM's last option wins)."""
 
+DAEMON_MODULE_CONF = "spark.python.daemon.module"
+"""Spark's setting of the Python worker daemon: ``local[...]`` sessions run this project's
+(``spark/worker_daemon``: the snapshot chunks' modules imported before the workers fork);
+a cluster keeps pyspark's, and a value the user gives wins."""
+
 _FORBIDDEN = ("io.delta.sql.DeltaSparkSessionExtension",
               "org.apache.spark.sql.delta.catalog.DeltaCatalog")
 
@@ -63,7 +69,10 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None,
     """The Spark settings :func:`build_session` gives the session (see its arguments);
     ``java_options``: driver JVM options of this project's own (the class archive's)."""
     settings = dict(REQUIRED_CONF)
-    if not master.startswith("local"):
+    if master.startswith("local"):
+        # The chunk reader's modules imported once by the daemon, not by every worker.
+        settings[DAEMON_MODULE_CONF] = DAEMON_MODULE
+    else:
         settings.pop("spark.driver.bindAddress")
         settings.update(cluster_conf(master, conf or {}))
     if driver_memory:

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -158,3 +160,15 @@ def test_a_prestart_only_when_the_snapshot_will_read(pg_dsn, pg_conn) -> None:
     # An unreachable source: no start (the run reports the problem).
     assert not snapshot_will_read(f"host=127.0.0.1 port={free_port()} dbname=x user=y "
                                   "connect_timeout=2", "s", "initial")
+    # The JVM's launch waits for this check only: it imports neither the capture modules nor
+    # the chunk reader (pyarrow, deltalake: tenths of a second the code location imports
+    # meanwhile), nor does asking for the start.
+    probe = ("import sys; from pgcdc_dagster.spark.prestart import shared_handle, "
+             "snapshot_will_read; assert snapshot_will_read(sys.argv[1], 'prestart_x', "
+             "'initial'); shared_handle('local[2]'); "
+             "print(sorted(m for m in ('pyarrow', 'deltalake', 'pyspark', "
+             "'pgcdc_dagster.capture.snapshot_modes', 'pgcdc_dagster.spark.snapshot_tasks') "
+             "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe, pg_dsn], capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stderr

@@ -1,0 +1,56 @@
+"""The Python worker daemon of local sessions imports the snapshot chunks' modules once,
+before it forks the workers (issue 16: the first chunk soon after the slot exists)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from pgcdc_dagster.spark import worker_daemon
+from pgcdc_dagster.spark.session import DAEMON_MODULE_CONF, session_settings
+from pgcdc_dagster.spark.snapshot_tasks import warm_workers
+
+
+def _inherited(_index: int) -> tuple[int, int, int | None, bool]:
+    """On a worker: its PID, its parent's, the PID of the process that preloaded the
+    chunk reader (inherited across the fork) and whether the decoder is loaded."""
+    from pgcdc_dagster.spark import worker_daemon as daemon
+
+    return (os.getpid(), os.getppid(), daemon.PRELOADED_IN,
+            "pgcdc_dagster.capture.snapshot_binary" in sys.modules)
+
+
+@pytest.mark.spark
+def test_workers_are_forked_from_a_daemon_that_imported_the_chunk_reader(spark) -> None:
+    sc = spark.sparkContext
+    assert sc.getConf().get(DAEMON_MODULE_CONF) == worker_daemon.DAEMON_MODULE
+    thread = warm_workers(spark)  # started by the snapshot as soon as the session is up
+    if thread is not None:
+        thread.join(120)
+    slots = max(1, int(sc.defaultParallelism))
+    seen = sc.parallelize(range(slots * 2), slots * 2).map(_inherited).collect()
+    for pid, parent, preloaded_in, decoder in seen:
+        # The module state was set in the daemon (the worker's parent), not by the worker.
+        assert preloaded_in == parent != pid, seen
+        assert decoder, seen
+    assert worker_daemon.PRELOADED_IN is None  # the driver never ran the daemon's preload
+
+
+def test_a_module_that_cannot_be_imported_is_left_to_the_workers(monkeypatch) -> None:
+    monkeypatch.setattr(worker_daemon, "PRELOAD",
+                        ("pgcdc_dagster.cdc.lsn", "pgcdc_dagster_no_such_module"))
+    monkeypatch.setattr(worker_daemon, "PRELOADED_IN", None)
+    assert worker_daemon.preload() == ["pgcdc_dagster_no_such_module"]  # the daemon serves
+    assert worker_daemon.PRELOADED_IN == os.getpid()
+
+
+def test_only_local_sessions_use_the_daemon_and_the_users_value_wins() -> None:
+    assert session_settings("local[2]")[DAEMON_MODULE_CONF] == worker_daemon.DAEMON_MODULE
+    assert session_settings("local[*]", quick_start=True)[DAEMON_MODULE_CONF] == \
+        worker_daemon.DAEMON_MODULE
+    # A cluster's executors may import this project from elsewhere, or not at all.
+    assert DAEMON_MODULE_CONF not in session_settings("spark://h:7077")
+    assert session_settings("local[2]", {DAEMON_MODULE_CONF: "pyspark.daemon"})[
+        DAEMON_MODULE_CONF] == "pyspark.daemon"
