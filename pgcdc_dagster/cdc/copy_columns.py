@@ -42,7 +42,7 @@ class RowSpans:
     windows read there and discard what they read).
     """
 
-    data: bytes | bytearray
+    data: bytes | bytearray | npt.NDArray[np.uint8]
     start: Ints
     end: Ints
 
@@ -51,7 +51,8 @@ class RowSpans:
 
     def rows(self) -> list[bytes]:
         """Each row's bytes (for tests and error reports; the decoder never needs them)."""
-        view = memoryview(self.data)
+        data = self.data
+        view = data.data if isinstance(data, np.ndarray) else memoryview(data)
         return [bytes(view[s:e]) for s, e in zip(self.start.tolist(), self.end.tolist(),
                                                    strict=True)]
 

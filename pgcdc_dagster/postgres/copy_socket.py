@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 import psycopg2.extensions
 
 from pgcdc_dagster.cdc.copy_columns import RowSpans
@@ -75,7 +76,7 @@ MAX_MESSAGE = (1 << 30) + 64
 """PostgreSQL builds a COPY row in one buffer of at most 1 GiB: a longer message is damage."""
 
 
-def _needed(buf: bytearray, pos: int, filled: int) -> int:
+def _needed(buf: bytearray | npt.NDArray[np.uint8], pos: int, filled: int) -> int:
     """Bytes the message at ``pos`` needs in all (0 while its length is not in yet).
 
     Raises:
@@ -83,7 +84,7 @@ def _needed(buf: bytearray, pos: int, filled: int) -> int:
     """
     if filled - pos < 5:
         return 0
-    (length,) = struct.unpack_from("!i", buf, pos + 1)
+    (length,) = struct.unpack("!i", bytes(buf[pos + 1:pos + 5]))
     if not 4 <= length <= MAX_MESSAGE:
         raise DecodeError(f"protocol message {chr(buf[pos])!r} with length {length}")
     return int(length) + 1
@@ -110,7 +111,7 @@ def copy_out(conn: psycopg2.extensions.connection, query: str, emit: Callable[[R
         sock.setblocking(False)
         _low_water(sock, LOW_WATER)
         capacity = max(batch_bytes, 1 << 16)
-        buf = bytearray(capacity + PAD)
+        buf = _buffer(capacity)
         filled = 0
         while not framer.done:
             if stop.is_set():
@@ -118,27 +119,25 @@ def copy_out(conn: psycopg2.extensions.connection, query: str, emit: Callable[[R
             if filled == capacity:  # one message fills the buffer: make room for it
                 need = _needed(buf, 0, filled)
                 capacity = max(need, capacity * 2)
-                grown = bytearray(capacity + PAD)
+                grown = _buffer(capacity)
                 grown[:filled] = buf[:filled]
                 buf = grown
             poller.poll(WAIT_MS)  # until LOW_WATER bytes are in (or the wait is over)
             try:
-                got = sock.recv_into(memoryview(buf)[filled:capacity])
+                got = sock.recv_into(buf.data[filled:capacity])
             except BlockingIOError:
                 continue
             if not got:
                 raise ConnectionError(f"{label}: the server closed the connection during COPY")
             filled += got
-            if filled < capacity and buf[filled - 6:filled - 1] != READY_FOR_QUERY:
+            if filled < capacity and bytes(buf[filled - 6:filled - 1]) != READY_FOR_QUERY:
                 continue
-            data = np.frombuffer(buf, dtype=np.uint8)
-            starts, ends, pos = framer.frame(data, 0, filled)
-            del data
+            starts, ends, pos = framer.frame(buf, 0, filled)
             tail = filled - pos
             if len(starts):
                 emit(RowSpans(buf, starts, ends))
                 size = max(batch_bytes, 1 << 16, _needed(buf, pos, filled))
-                fresh = bytearray(size + PAD)
+                fresh = _buffer(size)
                 fresh[:tail] = buf[pos:filled]
                 buf, capacity = fresh, size
             elif pos:
@@ -151,6 +150,12 @@ def copy_out(conn: psycopg2.extensions.connection, query: str, emit: Callable[[R
     finally:
         _low_water(sock, 1)  # the socket is libpq's again
         sock.close()  # the duplicate descriptor; libpq keeps its own
+
+
+def _buffer(size: int) -> npt.NDArray[np.uint8]:
+    """``size`` bytes to receive into, and :data:`PAD` more (uninitialised: every byte a
+    row uses is received first; the pad only has to exist)."""
+    return np.empty(size + PAD, dtype=np.uint8)
 
 
 def _low_water(sock: socket.socket, size: int) -> None:
