@@ -70,6 +70,8 @@ def test_empty_batch() -> None:
     ([struct.pack(">h", 3) + struct.pack(">i", -2) + b"\x00" * 20], "length -2"),
     ([struct.pack(">h", 3) + b"\x00\x00"], "ends inside the length of column 0"),
     ([b"\x00"], "row 0 is shorter than its field count"),
+    # a length that points far past the buffer: the next length is never read
+    ([struct.pack(">hi", 3, 100_000) + b"x" * 8], "ends inside the length of column 1"),
 ])
 def test_malformed_rows_are_named(rows: list[bytes], message: str) -> None:
     with pytest.raises(DecodeError, match=message.replace("(", r"\(")):
