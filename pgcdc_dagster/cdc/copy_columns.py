@@ -193,14 +193,15 @@ def fixed_values(rows: BinaryRows, col: int, dtype: str) -> npt.NDArray[np.gener
     width = np.dtype(dtype).itemsize
     length = rows.lengths[col]
     null = length < 0
-    wrong = np.flatnonzero(~null & (length != width))
-    if len(wrong):
+    nulls = int(np.count_nonzero(null))
+    if int(np.count_nonzero(length == width)) + nulls != len(length):
+        wrong = np.flatnonzero(~null & (length != width))
         raise DecodeError(f"row {int(wrong[0])} column {col}: {int(length[wrong[0]])} bytes "
                           f"where {width} were expected (was the column's type changed while "
                           "the snapshot ran? run it again: it is planned with the new type)")
-    start = np.where(null, 0, rows.starts[col])
+    start = np.where(null, 0, rows.starts[col]) if nulls else rows.starts[col]
     values = numbers_at(rows.data, dtype)[start].astype(np.dtype(dtype).newbyteorder("="))
-    if null.any():
+    if nulls:
         values[null] = 0
     return values
 
