@@ -45,11 +45,11 @@ from assets.capture import (
     previous_of,
     skipped_metadata,
 )
-from assets.checks import evaluation, light_check_results
+from assets.checks import evaluation, light_check_facts, light_check_results
 from assets.event_storage import event_files_held
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
-from assets.run_ranges import CAPTURE_RUN
+from assets.run_ranges import CAPTURE_RUN, SlotRuns, slot_runs, with_running
 from assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
@@ -144,9 +144,13 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         def early(part: BronzeRun) -> None:
             """A batch of snapshot tables committed: report them while the step goes on."""
             changed, current = part.changed(), part.current_silver()
+            # The light checks chain this run by its range so far (its observation is
+            # written when the bronze step ends), not by these tables' materializations.
+            observed = with_running(slot_runs(instance, settings.history_limit),
+                                    context.run_id, _run_range(part))
             reporter.report(part, changed, [(c, current.get(c.name)) for c in changed],
                             slot_health(postgres.dsn, capture.slot),
-                            time.monotonic() - started, slot_check=False)
+                            time.monotonic() - started, observed=observed)
             reporter.early.update(c.name for c in changed)
 
         run = _bronze_in_thread(context, lease, lambda progress, committed: run_bronze(
@@ -252,12 +256,29 @@ class _Reporter:
 
     def report(self, run: BronzeRun, changed: Sequence[TableContext],
                silver: Sequence[tuple[TableContext, SilverReport | None]],
-               health: SlotHealth, seconds: float, *, slot_check: bool = True,
+               health: SlotHealth, seconds: float, *, observed: SlotRuns | None = None,
                meta_tables: bool = False) -> None:
         """Bronze materializations of ``changed``, silver of ``silver`` (the tables whose
         report is None are left for the run's catch-up), the light checks of ``changed``
-        (and the slot's with ``slot_check``). A table reported earlier in the run is
+        and, at the run's end (no ``observed``: the runs' ranges the slot's observations
+        hold, this run's included), the slot's. A table reported earlier in the run is
         reported for its stream part only (its snapshot part is on record)."""
+        context, instance = self.context, self.context.instance
+        with ThreadPoolExecutor(1, thread_name_prefix="pgcdc-facts") as facts_pool:
+            # the checks' Delta log reads while the materializations are written
+            facts = facts_pool.submit(light_check_facts, changed, self.settings)
+            self._materializations(run, changed, silver, health, seconds, meta_tables)
+            with shared_reads():
+                for result in light_check_results(
+                        instance, changed, health, self.settings, slot=observed is None,
+                        facts=facts.result(), observed=observed):
+                    # log_event records check evaluations too (its annotation lists the
+                    # others only)
+                    context.log_event(evaluation(result))  # type: ignore[arg-type]
+
+    def _materializations(self, run: BronzeRun, changed: Sequence[TableContext],
+                          silver: Sequence[tuple[TableContext, SilverReport | None]],
+                          health: SlotHealth, seconds: float, meta_tables: bool) -> None:
         context, instance = self.context, self.context.instance
         stream_only = dataclasses.replace(run, snapshot=None)
         bronze_before = previous_of(instance, [bronze_key(*c.relation.qualified)
@@ -294,11 +315,6 @@ class _Reporter:
             for (ctx, _), meta in zip(applied, pool.map(silver_meta, applied), strict=True):
                 context.log_event(dg.AssetMaterialization(
                     asset_key=silver_key(*ctx.relation.qualified), metadata=meta))
-        with shared_reads():
-            for result in light_check_results(instance, changed, health, self.settings,
-                                              slot=slot_check):
-                # log_event records check evaluations too (its annotation lists the others only)
-                context.log_event(evaluation(result))  # type: ignore[arg-type]
 
     def _meta_tables(self, run: BronzeRun, seconds: float) -> None:
         """``bronze/_pgcdc/*`` of the tables the run's windows wrote."""

@@ -29,7 +29,7 @@ from deltalake.exceptions import DeltaError
 from assets.capture import CAPTURE_POOL
 from assets.event_storage import event_files_held
 from assets.keys import SLOT_KEY, bronze_key, multi_check, silver_key, table_of_key
-from assets.run_ranges import table_runs
+from assets.run_ranges import SlotRuns, table_runs
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_capture
 from pgcdc_dagster.capture.tables import TableContext
@@ -278,20 +278,30 @@ def _evaluated(key: dg.AssetCheckKey,
         return not_evaluated(key, explain_error(exc, redact))
 
 
+def light_check_facts(contexts: Sequence[TableContext], settings: MonitorSettings
+                      ) -> list[TableFacts | Exception]:
+    """What the light checks read from the tables' Delta logs (once each; a table that
+    cannot be read gets why)."""
+    return read_all_facts(contexts, settings.history_limit, EXPECTED_ERRORS)
+
+
 def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableContext],
-                        health: SlotHealth, settings: MonitorSettings, *, slot: bool = True
-                        ) -> Iterator[dg.AssetCheckResult]:
+                        health: SlotHealth, settings: MonitorSettings, *, slot: bool = True,
+                        facts: Sequence[TableFacts | Exception] | None = None,
+                        observed: SlotRuns | None = None) -> Iterator[dg.AssetCheckResult]:
     """The light checks of the given tables (a capture run passes the tables it changed)
     and, with ``slot``, of the slot; a check that cannot evaluate reports why, as in the
-    check ops. The tables' Delta logs are read once each, the runs' ranges in a few
-    instance queries for all of them."""
+    check ops. The tables' Delta logs are read once each (``facts``: already read, by
+    :func:`light_check_facts`), the runs' ranges in a few instance queries for all of them
+    (``observed``: the slot's runs, see :func:`~assets.run_ranges.table_runs`)."""
     if slot:
         yield slot_result(health, settings)
     if not contexts:
         return
-    facts = read_all_facts(contexts, settings.history_limit, EXPECTED_ERRORS)
+    if facts is None:
+        facts = light_check_facts(contexts, settings)
     runs = table_runs(instance, [bronze_key(*c.relation.qualified) for c in contexts],
-                      settings.history_limit)
+                      settings.history_limit, observed)
     for ctx, found in zip(contexts, facts, strict=True):
         yield from table_check_results(ctx, found, runs[bronze_key(*ctx.relation.qualified)],
                                        health.confirmed_flush_lsn)

@@ -16,6 +16,7 @@ no observation; the tables' wipe times.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -49,6 +50,16 @@ def slot_runs(instance: dg.DagsterInstance, limit: int) -> SlotRuns:
             by_run[obs.run_id] = (obs.storage_id, event.metadata)
     floor = min(r.storage_id for r in records) if len(records) >= limit else 0
     return by_run, floor
+
+
+def with_running(observed: SlotRuns, run_id: str, metadata: Mapping[str, Any]) -> SlotRuns:
+    """``observed`` with the range of a run still going on (``metadata``: what its slot
+    observation will hold, plain values), newest: the checks it evaluates before its
+    observation is written chain it like the finished runs, and skip its own
+    materializations."""
+    by_run, floor = observed
+    values = {name: dg.TextMetadataValue(str(value)) for name, value in metadata.items()}
+    return {**by_run, run_id: (sys.maxsize, values)}, floor
 
 
 def _lsn(meta: Mapping[str, Any], name: str) -> Lsn | None:

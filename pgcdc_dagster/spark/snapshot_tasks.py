@@ -326,9 +326,11 @@ class _ClusteredOutput:
     The chunk is read in key order (``chunk_query(ordered=True)``), so consecutive files hold
     consecutive key ranges; rows that are not (a key whose PostgreSQL order is not silver's,
     e.g. an enum) are sorted file by file, and the files' ranges may then overlap, which
-    upkeep's compaction repairs. Rows per file come from the first rows' encoded size, then from the
-    files written. Up to 1.5 files of rows are held (a chunk's last file takes the remainder
-    up to 1.5 times the target, so no file but a small chunk's is below half the target).
+    upkeep's compaction repairs. Rows per file come from the first rows' encoded size (once
+    more than ``target_bytes`` are held in memory: a small chunk is one file, unestimated),
+    then from the files written. Up to 1.5 files of rows are held (a chunk's last file takes
+    the remainder up to 1.5 times the target, so no file but a small chunk's is below half
+    the target).
     """
 
     def __init__(self, root: str, name: str, schema: pa.Schema,
@@ -344,13 +346,19 @@ class _ClusteredOutput:
         self.rows_per_file = 0
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
+        self.pending_bytes = 0
+        """In memory, until the first estimate: a small table's chunk (its rows less than
+        ``target_bytes`` in memory, so less encoded) is written as one file without one."""
         self.files: list[SnapshotFile] = []
 
     def write(self, table: pa.Table) -> None:
-        if not self.rows_per_file:
-            self.rows_per_file = self._estimate(table)
         self.pending.append(table)
         self.pending_rows += table.num_rows
+        if not self.rows_per_file:
+            self.pending_bytes += table.nbytes
+            if self.pending_bytes < self.target_bytes:
+                return  # so far less than a file in memory, less encoded: no estimate yet
+            self.rows_per_file = self._estimate(self.pending[0])
         while self.pending_rows >= self.rows_per_file * 3 // 2:
             data = pa.concat_tables(self.pending)
             self._write_file(data.slice(0, self.rows_per_file))
