@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from pgcdc_dagster.capture.captured import CapturedTables
@@ -289,11 +290,7 @@ class _SnapshotRun:
 
     def _timeline(self) -> list[tuple[str, float]]:
         """The marks and the Spark session's start and readiness, from the step's start."""
-        marks = list(self.marks)
-        for event, at in (("spark start", self.spark.requested_at),
-                          ("spark ready", self.spark.ready_at)):
-            if at is not None:
-                marks.append((event, at))
+        marks = list(self.marks) + self.spark.timeline()
         return [(event, round(at - self.started, 3))
                 for event, at in sorted(marks, key=lambda m: m[1])]
 
@@ -373,7 +370,7 @@ class _SnapshotRun:
             return self._empty_only(decision, int(slot.confirmed_flush_lsn), report)
         # Chunks to read: the JVM and the Python workers start in the background while the
         # slot is created, the chunks planned and the tables prepared (issue 16).
-        self.spark.start(on_ready=warm_workers, quick=True)
+        self.spark.start(on_ready=partial(warm_workers, note=self.spark.note), quick=True)
         with self._point(decision) as (point, stream_from):
             return self._read(decision, point, stream_from, report)
 

@@ -61,6 +61,9 @@ class LazySpark:
         session that already existed)."""
         self.ready_at: float | None = None
         """``time.monotonic()`` when the session built by this handle was ready."""
+        self.events: list[tuple[str, float]] = []
+        """What happened to the session after it was ready (``workers ready``: its Python
+        workers started), noted by its ``on_ready`` hooks (:meth:`note`)."""
 
     @classmethod
     def ready(cls, session: SparkSession) -> LazySpark:
@@ -116,6 +119,17 @@ class LazySpark:
                 hook(session)
             except Exception:  # best effort (e.g. warming workers): get() still works
                 pass
+
+    def note(self, event: str) -> None:
+        """Record ``event`` as happening now (thread-safe: hooks run on other threads)."""
+        self.events.append((event, time.monotonic()))
+
+    def timeline(self) -> list[tuple[str, float]]:
+        """``spark start``, ``spark ready`` and the noted events, at ``time.monotonic()``."""
+        marks = [(event, at) for event, at in (("spark start", self.requested_at),
+                                               ("spark ready", self.ready_at))
+                 if at is not None]
+        return marks + list(self.events)
 
     def get(self) -> SparkSession:
         """The session: waits for a background build, or builds it now."""

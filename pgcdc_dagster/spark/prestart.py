@@ -125,14 +125,14 @@ def prestart(master: str, app_name: str = DEFAULT_APP_NAME,
     The chunk reader's modules are not imported here: the JVM's launch does not wait for
     them (the workers are started by :func:`_warm_workers` once the session is up)."""
     handle = shared_handle(master, app_name, conf, driver_memory)
-    handle.start(on_ready=_warm_workers, quick=True)
+
+    def warm(spark: SparkSession) -> object:
+        from pgcdc_dagster.spark.snapshot_tasks import warm_workers
+
+        return warm_workers(spark, note=handle.note)
+
+    handle.start(on_ready=warm, quick=True)
     return handle
-
-
-def _warm_workers(spark: SparkSession) -> object:
-    from pgcdc_dagster.spark.snapshot_tasks import warm_workers
-
-    return warm_workers(spark)
 
 
 _DONE: list[bool] = []

@@ -487,8 +487,10 @@ _WARMED: set[str] = set()
 """Applications whose Python workers were started (one warm-up per Spark application)."""
 
 
-def warm_workers(spark: SparkSession) -> threading.Thread | None:
-    """Start the Python workers (and import this module in them) in the background.
+def warm_workers(spark: SparkSession, note: Callable[[str], None] | None = None
+                 ) -> threading.Thread | None:
+    """Start the Python workers (and import this module in them) in the background;
+    ``note("workers ready")`` once they ran their first task (the snapshot's timeline).
 
     A fresh session starts its Python workers on the first task, which costs seconds; doing
     it while the driver creates the slot and plans the chunks takes that off the snapshot.
@@ -507,7 +509,9 @@ def warm_workers(spark: SparkSession) -> threading.Thread | None:
             sc.setJobDescription("pgcdc snapshot: start Python workers")
             sc.parallelize(range(slots), slots).map(_warm).collect()
         except Exception:  # best effort: the snapshot may already have failed or finished
-            pass
+            return
+        if note is not None:
+            note("workers ready")
 
     thread = threading.Thread(target=run, name="pgcdc-warm", daemon=True)
     thread.start()

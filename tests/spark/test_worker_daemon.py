@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from pgcdc_dagster.spark import worker_daemon
+from pgcdc_dagster.spark import snapshot_tasks, worker_daemon
+from pgcdc_dagster.spark.lazy import LazySpark
 from pgcdc_dagster.spark.session import DAEMON_MODULE_CONF, session_settings
 from pgcdc_dagster.spark.snapshot_tasks import warm_workers
 
@@ -23,12 +24,17 @@ def _inherited(_index: int) -> tuple[int, int, int | None, bool]:
 
 
 @pytest.mark.spark
-def test_workers_are_forked_from_a_daemon_that_imported_the_chunk_reader(spark) -> None:
+def test_workers_are_forked_from_a_daemon_that_imported_the_chunk_reader(
+        spark, monkeypatch) -> None:
     sc = spark.sparkContext
     assert sc.getConf().get(DAEMON_MODULE_CONF) == worker_daemon.DAEMON_MODULE
-    thread = warm_workers(spark)  # started by the snapshot as soon as the session is up
-    if thread is not None:
-        thread.join(120)
+    monkeypatch.setattr(snapshot_tasks, "_WARMED", set())  # as for a new application
+    handle = LazySpark.ready(spark)
+    # Started by the snapshot as soon as the session is up; noted in its timeline.
+    thread = warm_workers(spark, note=handle.note)
+    assert thread is not None and warm_workers(spark, note=handle.note) is None  # once
+    thread.join(120)
+    assert [event for event, _ in handle.timeline()] == ["workers ready"]
     slots = max(1, int(sc.defaultParallelism))
     seen = sc.parallelize(range(slots * 2), slots * 2).map(_inherited).collect()
     for pid, parent, preloaded_in, decoder in seen:

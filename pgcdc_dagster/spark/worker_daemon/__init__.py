@@ -28,7 +28,7 @@ import os
 DAEMON_MODULE = "pgcdc_dagster.spark.worker_daemon"
 """What ``spark.python.daemon.module`` names (this package; ``__main__`` runs the daemon)."""
 
-PRELOAD: tuple[str, ...] = ("pgcdc_dagster.spark.snapshot_tasks",)
+PRELOAD: tuple[str, ...] = ("pgcdc_dagster.spark.snapshot_tasks", "pyspark.worker")
 """The modules a snapshot chunk's task runs (with everything they import)."""
 
 PRELOADED_IN: int | None = None
