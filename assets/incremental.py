@@ -36,7 +36,13 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
-from dagster._core.storage.tags import BACKFILL_ID_TAG, ROOT_BACKFILL_ID_TAG
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    BACKFILL_ID_TAG,
+    PARTITION_NAME_TAG,
+    ROOT_BACKFILL_ID_TAG,
+)
 from pydantic import Field
 
 from assets.capture import (
@@ -52,7 +58,7 @@ from assets.capture import (
 from assets.event_storage import event_files_held
 from assets.jobs import INCREMENTAL
 from assets.keys import SLOT_KEY, bronze_key, dep_ins, silver_key, source_key
-from assets.partitions import INCREMENTAL_PARTITIONS, partition_table
+from assets.partitions import INCREMENTAL_PARTITIONS, ensure_partitions, partition_table
 from assets.slot_hold import hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.incremental import IncrementalReport, apply_signal, run_incremental
@@ -232,7 +238,22 @@ def build_incremental(tables: Sequence[tuple[str, str]],
         settings = capture.settings(postgres.dsn, lakehouse.root)
         if config.chunk_size > 0:
             settings = dataclasses.replace(settings, incremental_chunk_size=config.chunk_size)
-        keys = list(context.partition_keys)
+        # A run launched outside a backfill (`dagster job execute --tags
+        # '{"dagster/partition": ...}'`, an ephemeral or new instance) may name a table whose
+        # partition no bronze run of this instance has added yet: add the captured tables'.
+        ensure_partitions(context.instance, captured)
+        try:
+            keys = list(context.partition_keys)
+        except dg.DagsterInvalidInvocationError:
+            tags = context.run.tags
+            asked = tags.get(PARTITION_NAME_TAG) or (
+                f"{tags.get(ASSET_PARTITION_RANGE_START_TAG)}..."
+                f"{tags.get(ASSET_PARTITION_RANGE_END_TAG)}")
+            raise dg.Failure(
+                f"partition {asked!r} of incremental/snapshot is not a captured table: its "
+                "partition keys are the captured tables' schema.table (a part holding '.' or "
+                "'\"' double-quoted, as in Debezium's data-collections)",
+                allow_retries=False) from None
         try:
             wanted = {k: partition_table(k) for k in keys}
         except ValueError as exc:

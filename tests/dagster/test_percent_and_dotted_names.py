@@ -197,6 +197,24 @@ def test_percent_and_dotted_names_end_to_end(pg_dsn, pg_conn, lakehouse, tmp_pat
     assert {r.asset_materialization.partition for r in mats  # type: ignore[union-attr]
             } == {percent, partition_key("a.b", "c")}
 
+    # 3b. From a shell, with a table whose partition no bronze run of this instance added
+    # (as on a fresh DAGSTER_HOME, or any `dagster job execute` without one): the run adds
+    # the captured tables' partitions itself; a key naming no captured table is refused by
+    # name (both were Dagster's 'Nonexistent partition keys' error).
+    dotted = partition_key("a", "b.c")
+    instance.delete_dynamic_partition("pgcdc_incremental_tables", dotted)
+    shell = [str(Path(sys.executable).parent / "dagster"), "job", "execute", "-m",
+             "pgcdc_dagster.definitions", "-j", "incremental_snapshot", "--tags"]
+    _dagster(cli_env, *shell[1:], json.dumps({"dagster/partition": dotted}))
+    with pg_conn.cursor() as cur:
+        cur.execute('SELECT id FROM a."b.c" ORDER BY id')
+        assert _incremental(lakehouse, ("a", "b.c")) == [r[0] for r in cur.fetchall()]
+    proc = subprocess.run([*shell, json.dumps({"dagster/partition": "a.nosuch"})],
+                          env=cli_env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "partition 'a.nosuch' of incremental/snapshot is not a captured table" in \
+        proc.stdout + proc.stderr
+
     # 4. Every check passes, for every table; silver still equals the source.
     result = loaded.resolve_job_def("capture_checks").execute_in_process(instance=instance)
     assert result.success
