@@ -153,9 +153,9 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                             time.monotonic() - started, observed=observed)
             reporter.early.update(c.name for c in changed)
 
-        run = _bronze_in_thread(context, lease, lambda progress, committed: run_bronze(
+        run = _bronze_in_thread(context, lease, lambda progress, committed, settled: run_bronze(
             cap, handle, force_snapshot_step=config.snapshot_step, only=set(captured),
-            progress=progress, on_committed=committed), early)
+            progress=progress, on_committed=committed, after_snapshot=settled), early)
         seconds = time.monotonic() - started
         for note in run.notes:
             context.log.info(note)
@@ -202,16 +202,21 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
     return capture_op
 
 
-def _bronze_in_thread(context: dg.OpExecutionContext, lease: SlotLease,
-                      work: Callable[[Callable[[str], None], Callable[[BronzeRun], None]],
-                                     BronzeRun],
+_Work = Callable[[Callable[[str], None], Callable[[BronzeRun], None], Callable[[], None]],
+                 BronzeRun]
+"""The bronze step, given its progress, ``on_committed`` and ``after_snapshot`` hooks."""
+
+
+def _bronze_in_thread(context: dg.OpExecutionContext, lease: SlotLease, work: _Work,
                       early: Callable[[BronzeRun], None]) -> BronzeRun:
-    """Run the bronze step (``work(progress, committed)``) on a thread of its own, under the
-    op's slot lease, while this thread writes its log lines and reports (``early``) the
-    snapshot tables it commits as Dagster events: the events of tables already committed
-    are stored while Spark reads the others. Dagster events are written from this thread
-    only. The step's error is raised here as it was raised there; an error here (or the
-    run's termination) stops the step at its next report."""
+    """Run the bronze step (``work``) on a thread of its own, under the op's slot lease,
+    while this thread writes its log lines and reports (``early``) the snapshot tables it
+    commits as Dagster events: the events of tables already committed are stored while
+    Spark reads the others. When the snapshot has ended, the step waits until they are all
+    reported before it reads any window (what the stream commits, or a slot it moves, must
+    not show in a snapshot table's report or light checks). Dagster events are written from
+    this thread only. The step's error is raised here as it was raised there; an error here
+    (or the run's termination) stops the step at its next report."""
     items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
     stop = threading.Event()
 
@@ -220,9 +225,16 @@ def _bronze_in_thread(context: dg.OpExecutionContext, lease: SlotLease,
             raise dg.Failure("the capture op stopped while its bronze step ran")
         items.put((kind, value))
 
+    def settled() -> None:
+        reported = threading.Event()
+        put("settle", reported)
+        while not reported.wait(0.5):
+            put("wait", None)  # raises once this thread's reporting stopped
+
     def step() -> BronzeRun:
         with lease_lent(lease):
-            return work(lambda line: put("log", line), lambda part: put("tables", part))
+            return work(lambda line: put("log", line), lambda part: put("tables", part),
+                        settled)
 
     with ThreadPoolExecutor(1, thread_name_prefix="pgcdc-bronze") as pool:
         future = pool.submit(step)
@@ -234,7 +246,9 @@ def _bronze_in_thread(context: dg.OpExecutionContext, lease: SlotLease,
                     break
                 if kind == "log":
                     context.log.info(value)
-                else:
+                elif kind == "settle":
+                    value.set()
+                elif kind == "tables":
                     early(value)
         except BaseException:
             stop.set()

@@ -99,7 +99,8 @@ def select_contexts(settings: CaptureSettings,
 def run_bronze(settings: CaptureSettings, spark: SparkLike, *, force_snapshot_step: bool,
                only: Collection[tuple[str, str]] | None = None,
                progress: Callable[[str], None] = log.info,
-               on_committed: Callable[[BronzeRun], None] | None = None) -> BronzeRun:
+               on_committed: Callable[[BronzeRun], None] | None = None,
+               after_snapshot: Callable[[], None] | None = None) -> BronzeRun:
     """Snapshot if ``snapshot.mode`` asks for one, then read windows into bronze.
 
     The whole step holds the slot's lock (:mod:`pgcdc_dagster.postgres.slot_lock`; re-used
@@ -115,21 +116,25 @@ def run_bronze(settings: CaptureSettings, spark: SparkLike, *, force_snapshot_st
     ``on_committed``: receives, as the snapshot step commits a batch of tables, the run as
     it stands with that batch as its snapshot (``tables``: the batch only; no stream yet):
     a caller reports them while the step goes on. Tables snapshotted again because they
-    return to the capture set are in the finished run only.
+    return to the capture set are in the finished run only. ``after_snapshot``: called when
+    the snapshot step has ended, before anything else is read or written (that caller
+    waits there until its reports are written: the stream's commits and slot moves must not
+    show in what it reports as the snapshot's).
     """
     normalise_mode(settings.snapshot_mode)
     with slot_guard(settings.dsn, settings.slot):
         captured, skipped = load_captured(settings)
         with captured:  # the contexts' connection closed when the step ends
             return _run_bronze(settings, spark, force_snapshot_step, only, progress,
-                               captured, skipped, on_committed)
+                               captured, skipped, on_committed, after_snapshot)
 
 
 def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step: bool,
                 only: Collection[tuple[str, str]] | None,
                 progress: Callable[[str], None], captured: CapturedTables,
                 skipped: list[SkippedTable],
-                on_committed: Callable[[BronzeRun], None] | None = None) -> BronzeRun:
+                on_committed: Callable[[BronzeRun], None] | None = None,
+                after_snapshot: Callable[[], None] | None = None) -> BronzeRun:
     run = BronzeRun(captured, [n for n in captured.names if only is None or n in only],
                     skipped=skipped)
     with connection(settings.dsn) as conn:
@@ -149,6 +154,8 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
     run.snapshot = run_snapshot(settings, spark, force=force_snapshot_step, contexts=captured,
                                 progress=progress,
                                 on_committed=None if on_committed is None else committed)
+    if after_snapshot is not None:
+        after_snapshot()
     if run.snapshot.performed:
         progress(f"snapshot: {run.snapshot.rows} rows from {len(run.snapshot.tables)} tables "
                  f"at {run.snapshot.consistent_point} in {run.snapshot.seconds:.1f}s")

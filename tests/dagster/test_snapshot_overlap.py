@@ -9,10 +9,14 @@ deterministic (no timing in the assertions: the event log's order).
 
 from __future__ import annotations
 
+import threading
+
 import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
+from assets import capture_run
+from pgcdc_dagster.capture import runner
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.settings import MonitorSettings
@@ -106,3 +110,82 @@ def test_tables_reported_as_committed_and_a_later_failure(pg_dsn, pg_conn, lakeh
                                     "public", t, ["id"])
         bronze = DeltaTable(table_uri(lake, "bronze", "public", t)).to_pyarrow_table()
         assert bronze.num_rows == ROWS, f"{t}: each row captured exactly once"
+
+
+def test_stream_after_the_snapshot_is_reported_apart(pg_dsn, pg_conn, lakehouse,
+                                                     monkeypatch) -> None:
+    """A change made after the slot's point reaches a snapshot table through the same run's
+    stream: the table's snapshot is reported as committed (its figures without the stream's
+    window, which waits for the report), then the stream's part apart. The change is made
+    as the first tables are committed, and the report is held up until the stream has
+    written or a while has passed: without the wait, the report would read bronze after the
+    stream's window."""
+    with pg_conn.cursor() as cur:
+        cur.execute("SET synchronous_commit = on")
+        for name in ("a", "b"):
+            cur.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text); INSERT INTO {name} "
+                        "SELECT g, 'v' || g FROM generate_series(1, 100) g")
+    real = capture_run.run_bronze
+    changed: list[bool] = []
+
+    def run_bronze(*args, on_committed, **kwargs):  # the change lands mid-snapshot
+        def committed(part):
+            if not changed:
+                with pg_conn.cursor() as cur:
+                    cur.execute("UPDATE a SET v = 'changed' WHERE id <= 5")
+                changed.append(True)
+            on_committed(part)
+        return real(*args, on_committed=committed, **kwargs)
+
+    # A slow report: the first one waits (a bounded while) for the stream to have written;
+    # the stream must wait for it instead, so nothing of the window shows in the report.
+    streamed = threading.Event()
+    real_windows, real_health = runner.run_windows, capture_run.slot_health
+
+    def run_windows(*args, **kwargs):
+        try:
+            return real_windows(*args, **kwargs)
+        finally:
+            streamed.set()
+
+    def slot_health(*args, **kwargs):
+        streamed.wait(2.0)
+        return real_health(*args, **kwargs)
+
+    monkeypatch.setattr(capture_run, "run_bronze", run_bronze)
+    monkeypatch.setattr(runner, "run_windows", run_windows)
+    monkeypatch.setattr(capture_run, "slot_health", slot_health)
+    defs = build_definitions([("public", "a"), ("public", "b")], {
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "lakehouse": LakehouseResource(root=str(lakehouse)),
+        "capture": CaptureResource(tables=r"public\.(a|b)", slot="dg_apart",
+                                   publication="dg_apart"),
+        "spark": SparkResource(),
+    }, settings=MonitorSettings())
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("initial_snapshot").execute_in_process(instance=instance)
+        assert result.success and changed
+        mats: dict[str, list[dict]] = {}
+        for entry in instance.all_logs(result.run_id,
+                                       of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+            mat = entry.asset_materialization
+            assert mat is not None
+            mats.setdefault("/".join(mat.asset_key.path), []).append(
+                {k: v.value for k, v in mat.metadata.items()})
+        snap, stream = mats["bronze/public/a"]
+        assert snap["capture_kind"] == "snapshot" and snap["snapshot_rows"] == 100
+        assert snap["rows_written"] == snap["dagster/row_count"] == 100
+        assert stream["capture_kind"] == "stream" and stream["events_u"] == 5
+        assert stream["rows_written"] == 5 and stream["dagster/row_count"] == 105
+        assert stream["delta_version"] == snap["delta_version"] + 1
+        silver_snap, silver_stream = mats["silver/public/a"]
+        assert silver_snap["capture_kind"] == "snapshot" and silver_snap["delta_version"] == 0
+        assert silver_stream["capture_kind"] == "stream" and silver_stream["updated"] == 5
+        assert silver_stream["bronze_version_from"] == snap["delta_version"]
+        assert [m["capture_kind"] for m in mats["bronze/public/b"]] == ["snapshot"]
+        assert len(mats["silver/public/b"]) == 1
+        failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
+        assert not failed
+    for name in ("a", "b"):
+        assert_silver_equals_source(pg_conn, table_uri(str(lakehouse), "silver", "public", name),
+                                    "public", name, ["id"])
