@@ -288,8 +288,8 @@ def _epoch_values(rows: BinaryRows, col: int, dtype: str, epoch: int, lo: int, h
     """A temporal column's binary values (since 2000-01-01), its NULLs, and whether every
     value shifted to the Unix ``epoch`` lies within ``[lo, hi]`` (years 1-9999, finite)."""
     null = cc.nulls(rows, col)
-    raw = cc.fixed_values(rows, col, dtype).astype(np.int64)
-    live = raw[~null]
+    raw = cc.fixed_values(rows, col, dtype).astype(np.int64, copy=False)
+    live = raw[~null] if null.any() else raw
     inside = not len(live) or (int(live.min()) >= lo - epoch and int(live.max()) <= hi - epoch)
     return raw, null, inside
 
