@@ -9,14 +9,21 @@ in one process per way of reporting, one after the other:
 * ``dagster``: Dagster's own path (a new engine and connection per write);
 * ``files held``: inside :func:`assets.event_storage.files_held` only (the run's event file
   and the index stay open: no WAL checkpoint per write);
+* ``engines shared``: the files held and one engine per file
+  (:func:`assets.event_storage.engines_shared` without its other parts: what
+  ``event_files_held`` was before the two below);
+* ``serialized once``: the same, each event serialized once (:mod:`assets.event_memo`);
 * ``event_files_held``: inside :func:`assets.event_storage.event_files_held` (what the
-  capture and check-sweep ops use: the files held and one engine per file).
+  capture and check-sweep ops use: all of the above and the run's asset events committed in
+  batches, :mod:`assets.event_batches`).
 
-For each it prints the milliseconds per event, wall and CPU of the reporting thread, for each
-kind, and the size of each kind's serialized event. ``--postgres`` measures the same on an
-instance whose storage is PostgreSQL (dagster-postgres, as in ``dagster.yaml.example``), in a
-throwaway local cluster, on Dagster's own path and inside ``event_files_held`` (which keeps
-one connection there instead of one per write).
+For each it prints the milliseconds per event, wall and CPU, for each kind: CPU of the
+reporting thread and of the whole process (which includes the batches' flusher thread), and
+the size of each kind's serialized event. ``--postgres`` measures the same on an instance
+whose storage is PostgreSQL (dagster-postgres, as in ``dagster.yaml.example``), in a
+throwaway local cluster: Dagster's own path, ``connection kept`` (one connection for the
+block instead of one per write) and ``event_files_held`` (also each event serialized once,
+and the table-existence and index-column answers kept once found).
 
     .venv/bin/python bench/bench_events.py [--events 300] [--postgres]
 """
@@ -31,13 +38,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-MODES = ("dagster", "files held", "event_files_held")
+MODES = ("dagster", "files held", "engines shared", "serialized once", "event_files_held")
+POSTGRES_MODES = ("dagster", "connection kept", "event_files_held")
 
 
 def bronze_like_metadata(i: int) -> dict[str, Any]:
@@ -65,27 +73,41 @@ def check_like_metadata(i: int) -> dict[str, Any]:
 
 
 def _timed(report: Callable[[int], None], count: int) -> dict[str, float]:
-    wall, cpu = time.perf_counter(), time.thread_time()
+    wall, cpu, process = time.perf_counter(), time.thread_time(), time.process_time()
     for i in range(count):
         report(i)
     return {"wall_ms": (time.perf_counter() - wall) * 1000 / count,
-            "cpu_ms": (time.thread_time() - cpu) * 1000 / count}
+            "cpu_ms": (time.thread_time() - cpu) * 1000 / count,
+            "process_cpu_ms": (time.process_time() - process) * 1000 / count}
 
 
 def measure(mode: str, count: int) -> dict[str, Any]:
     """One way of reporting, on a fresh instance in this process."""
     from dagster_shared.serdes import serialize_value
 
-    from assets.event_storage import event_files_held, files_held
+    from assets.event_storage import (
+        engines_shared,
+        event_files_held,
+        files_held,
+        postgres_connection_kept,
+    )
 
     figures: dict[str, Any] = {}
 
-    def held(context: dg.OpExecutionContext) -> AbstractContextManager[object]:
-        if mode == "files held":
-            return files_held(context.instance, context.run_id)
-        if mode == "event_files_held":
-            return event_files_held(context.instance, context.run_id)
-        return nullcontext()
+    @contextmanager
+    def held(context: dg.OpExecutionContext) -> Iterator[object]:
+        instance, run_id = context.instance, context.run_id
+        with ExitStack() as stack:
+            if mode in ("files held", "engines shared", "serialized once"):
+                stack.enter_context(files_held(instance, run_id))
+            if mode in ("engines shared", "serialized once"):
+                stack.enter_context(engines_shared(instance,
+                                                   serialize_once=mode == "serialized once"))
+            if mode == "connection kept":
+                stack.enter_context(postgres_connection_kept(instance, answers=False))
+            if mode == "event_files_held":
+                stack.enter_context(event_files_held(instance, run_id))
+            yield None
 
     def materialization(i: int) -> dg.AssetMaterialization:
         return dg.AssetMaterialization(asset_key=["bronze", "s", f"t{i}"],
@@ -153,11 +175,12 @@ def main() -> None:
         return
     with _instances(args.postgres) as instances:
         for storage, yaml in instances:
-            for mode in MODES if storage.startswith("sqlite") else (MODES[0], MODES[2]):
+            for mode in MODES if storage.startswith("sqlite") else POSTGRES_MODES:
                 figures = _child(yaml, mode, args.events)
-                print(f"{storage:<17} {mode:<21} " + "; ".join(
+                print(f"{storage:<17} {mode:<17} " + "; ".join(
                     f"{kind} {f['wall_ms']:.2f} ms wall {f['cpu_ms']:.2f} ms CPU "
-                    f"({f['stored']} stored, {f['bytes']} B)" for kind, f in figures.items())
+                    f"({f['process_cpu_ms']:.2f} process; {f['stored']} stored, "
+                    f"{f['bytes']} B)" for kind, f in figures.items())
                     + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
 
 

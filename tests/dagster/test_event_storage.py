@@ -24,6 +24,7 @@ not change:
 
 import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -34,11 +35,15 @@ from typing import Any
 import dagster as dg
 import psycopg2
 import pytest
+from dagster._core.event_api import EventLogRecord
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.event_log import sql_event_log as sql_event_log_module
 from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster_shared.serdes import deserialize_value, serialize_value
 
+from assets import event_batches
 from assets.event_storage import (
     REPLACED,
     engines_shareable,
@@ -179,6 +184,7 @@ def report(context: dg.OpExecutionContext, config: ReportConfig) -> None:
     held = event_files_held(context.instance, context.run_id) if config.held \
         else contextlib.nullcontext(0)
     with held:
+        SEEN["memo"] = sql_event_log_module.serialize_value is not serialize_value
         engine = getattr(context.instance.event_log_storage, "_engine", None)
         SEEN["postgres pool"] = type(engine.pool).__name__ if engine is not None else None
         if config.wait_dir:  # both reporters inside their blocks before either reports
@@ -296,9 +302,12 @@ def test_a_run_inside_the_block_stores_what_it_stores_without() -> None:
         _wiped_before(held)
         without = _stored(plain, _run(plain, held=False), "s")
         within = _stored(held, _run(held, held=True), "s")
+        assert SEEN["memo"], "each event was serialized as often as before"
         _expected_shape(without, "s")
         assert within == without
         assert _replaced(held) == []
+        _serialized_as_dagster_does(plain)
+        _serialized_as_dagster_does(held)
 
 
 def _postgres_instance(dsn: str) -> contextlib.AbstractContextManager[dg.DagsterInstance]:
@@ -346,6 +355,7 @@ def test_on_postgres_a_connection_is_kept_and_the_same_is_stored(pg_dsn: str,
         _wiped_before(held)
         without = _stored(plain, _run(plain, held=False), "s")
         within = _stored(held, _run(held, held=True), "s")
+        assert SEEN["memo"], "each event was serialized as often as before"
         assert SEEN["postgres pool"] == "QueuePool", "no connection was kept"
         _expected_shape(without, "s")
         assert within == without
@@ -460,3 +470,202 @@ def test_two_processes_report_at_once_while_a_third_reads(tmp_path: Path) -> Non
         shared = after.fetch_materializations(_shared_key(), limit=100).records
         assert sorted(r.asset_materialization.metadata["reporter"].value  # type: ignore[union-attr]
                       for r in shared) == sorted(["a", "b"] * len(DATES))
+
+
+# ---- batched commits: what another process sees, and when -----------------------------------
+
+def _home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    return home
+
+
+def _seen_by(reader: dg.DagsterInstance, run_id: str) -> list[str]:
+    """The run's events another connection (process) reads: materialized keys, check names
+    and log lines, in order."""
+    out = []
+    for record in reader.get_records_for_run(run_id, limit=10_000).records:
+        entry = record.event_log_entry
+        if entry.dagster_event is None:
+            out.append(entry.user_message)
+        elif entry.dagster_event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
+            out.append(entry.dagster_event.asset_key.path[-1])  # type: ignore[union-attr]
+        elif entry.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+            out.append(entry.dagster_event.asset_check_evaluation_data.check_name)
+    return out
+
+
+class BatchConfig(dg.Config):
+    home: str
+
+
+BATCH_SEEN: dict[str, Any] = {}
+
+
+@dg.op
+def report_in_batches(context: dg.OpExecutionContext, config: BatchConfig) -> None:
+    """Logs in the kinds that are batched and not, looking after each step at what this
+    process and another reader (a second instance: its own connections) see."""
+    seen = BATCH_SEEN
+    with dg.DagsterInstance.from_config(config.home) as other:
+        def now(label: str, started: float) -> None:
+            seen[label] = (_seen_by(other, context.run_id),
+                           time.monotonic() - started < event_batches.BATCH_SECONDS)
+
+        with event_files_held(context.instance, context.run_id):
+            started = time.monotonic()
+            for i in range(3):
+                context.log_event(dg.AssetMaterialization(asset_key=["bronze", "b", f"m{i}"]))
+            latest = context.instance.get_latest_materialization_event(
+                dg.AssetKey(["bronze", "b", "m2"]))
+            seen["own process"] = latest is not None and latest.run_id == context.run_id
+            now("3 materializations", started)
+            context.log.info("a log line")  # not batched: committed with all before it
+            seen["after the log line"] = _seen_by(other, context.run_id)
+            started = time.monotonic()
+            for i in range(event_batches.BATCH_EVENTS + 2):
+                context.log_event(dg.AssetCheckEvaluation(
+                    asset_key=dg.AssetKey(["bronze", "b", "m0"]), check_name=f"c{i}",
+                    passed=True))
+            now("BATCH_EVENTS + 2 evaluations", started)
+            deadline = time.monotonic() + 60  # the flusher commits the last two by age
+            while "c6" not in _seen_by(other, context.run_id) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen["by age"] = _seen_by(other, context.run_id)
+            # Dagster's store fails inside the index's transaction: only its own writes there
+            # are undone (the event's row in the run's file stays, as on Dagster's own path)
+            storage: Any = context.instance.event_log_storage
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(type(storage), "_store_asset_event_tags",
+                              lambda *_: (_ for _ in ()).throw(OSError("disk full")))
+                with pytest.raises(OSError, match="disk full"):
+                    context.log_event(dg.AssetMaterialization(asset_key=["bronze", "b", "x"]))
+            context.log_event(dg.AssetMaterialization(asset_key=["bronze", "b", "last"]))
+            seen["replaced"] = _replaced(context.instance)
+            raise RuntimeError("the op fails inside the block")
+
+
+@dg.job
+def batching() -> None:
+    report_in_batches()
+
+
+def test_batches_are_committed_by_count_age_kind_and_at_the_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(event_batches, "BATCH_EVENTS", 5)
+    monkeypatch.setattr(event_batches, "BATCH_SECONDS", 3.0)
+    home = _home(tmp_path)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        result = batching.execute_in_process(
+            instance=instance, raise_on_error=False,
+            run_config={"ops": {"report_in_batches": {"config": {"home": str(home)}}}})
+        assert not result.success
+        seen = BATCH_SEEN
+        assert seen["own process"], "a read in the reporting process missed its own write"
+        other, young = seen["3 materializations"]
+        if young:  # read before the flusher could commit them
+            assert other == [], "materializations were committed one by one"
+        assert seen["after the log line"] == ["m0", "m1", "m2", "a log line"]
+        other, young = seen["BATCH_EVENTS + 2 evaluations"]
+        if young:
+            assert other == ["m0", "m1", "m2", "a log line", "c0", "c1", "c2", "c3", "c4"]
+        assert seen["by age"][-2:] == ["c5", "c6"], "the flusher never committed"
+        assert seen["replaced"] == list(REPLACED)
+        assert _replaced(instance) == []
+        assert sql_event_log_module.serialize_value is serialize_value, \
+            "Dagster's serialize_value is not back"
+        # everything logged before the op raised is stored, in order (the failed store too:
+        # its row in the run's file, as Dagster's own path leaves it)
+        with dg.DagsterInstance.from_config(str(home)) as reader:
+            assert _seen_by(reader, result.run_id) == [
+                "m0", "m1", "m2", "a log line", *[f"c{i}" for i in range(7)], "x", "last"]
+            assert reader.get_latest_materialization_event(
+                dg.AssetKey(["bronze", "b", "last"])) is not None
+            assert reader.fetch_materializations(dg.AssetKey(["bronze", "b", "x"]),
+                                                 limit=5).records == [], \
+                "the failed store's index rows were not undone"
+            executions = reader.event_log_storage.get_asset_check_execution_history(
+                dg.AssetCheckKey(dg.AssetKey(["bronze", "b", "m0"]), "c6"), limit=5)
+            assert [e.status for e in executions] == [AssetCheckExecutionRecordStatus.SUCCEEDED]
+
+
+class KillConfig(dg.Config):
+    wait_dir: str
+
+
+@dg.op
+def report_then_hang(context: dg.OpExecutionContext, config: KillConfig) -> None:
+    with event_files_held(context.instance, context.run_id):
+        for i in range(3):
+            context.log_event(dg.AssetMaterialization(asset_key=["bronze", "k", f"m{i}"]))
+        context.log.info("committed")
+        for i in range(2):
+            context.log_event(dg.AssetMaterialization(asset_key=["bronze", "k", f"p{i}"]))
+        Path(config.wait_dir, "run_id").write_text(context.run_id)
+        time.sleep(600)  # killed here, two materializations uncommitted
+
+
+@dg.job
+def hanging() -> None:
+    report_then_hang()
+
+
+def test_a_killed_process_loses_only_its_open_batch(tmp_path: Path) -> None:
+    home, wait = _home(tmp_path), tmp_path / "wait"
+    wait.mkdir()
+    code = ("import sys; import dagster as dg; from assets import event_batches; "
+            "event_batches.BATCH_SECONDS = 600.0; "
+            "from tests.dagster.test_event_storage import hanging; "
+            "hanging.execute_in_process(instance=dg.DagsterInstance.get(), run_config="
+            "{'ops': {'report_then_hang': {'config': {'wait_dir': sys.argv[1]}}}})")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(wait)], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (wait / "run_id").exists():
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the reporter never reported"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.communicate()
+    run_id = (wait / "run_id").read_text()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        # exactly what was committed: the events up to the log line, none half-written
+        assert _seen_by(instance, run_id) == ["m0", "m1", "m2", "committed"]
+        for name, stored in (("m2", True), ("p0", False), ("p1", False)):
+            latest = instance.get_latest_materialization_event(dg.AssetKey(["bronze", "k", name]))
+            assert (latest is not None) is stored, name
+        # the files are whole: the next run stores everything
+        _expected_shape(_stored(instance, _run(instance, held=True, label="next"), "next"),
+                        "next")
+
+
+def _raw_rows(instance: dg.DagsterInstance) -> tuple[dict[int, str], list[Any], list[Any]]:
+    """The index file's event texts by id, latest materializations and check executions, as
+    stored (text, not deserialized)."""
+    path = instance.event_log_storage.path_for_shard("index")  # type: ignore[attr-defined]
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        events = dict(conn.execute("SELECT id, event FROM event_logs").fetchall())
+        latest = conn.execute("SELECT last_materialization FROM asset_keys "
+                              "WHERE last_materialization IS NOT NULL").fetchall()
+        checks = conn.execute("SELECT evaluation_event_storage_id, evaluation_event FROM "
+                              "asset_check_executions WHERE evaluation_event IS NOT NULL"
+                              ).fetchall()
+    return events, latest, checks
+
+
+def _serialized_as_dagster_does(instance: dg.DagsterInstance) -> None:
+    """Each stored copy of an event is the text of that event (no other event's, no stale
+    one): the latest materialization is exactly Dagster's serialization of its record."""
+    events, latest, checks = _raw_rows(instance)
+    assert latest and checks
+    for (text,) in latest:
+        record = deserialize_value(text, EventLogRecord)
+        assert serialize_value(record) == text
+        assert text == ('{"__class__": "EventLogRecord", "event_log_entry": '
+                        f'{events[record.storage_id]}, "storage_id": {record.storage_id}}}')
+    for storage_id, text in checks:
+        assert text == events[storage_id]
