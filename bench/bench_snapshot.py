@@ -22,8 +22,11 @@ chunks read and committed; ``SnapshotReport.timeline``) and the rest of the proc
 engine's timeline of its best run is printed too. ``--tables orders`` snapshots one table
 (``--rows`` all in it).
 
+``--repeat 0 --whole-process`` times whole processes only (no Spark in the bench's own
+process); ``--whole-repeat N`` times N of them, each after its own raw COPY.
+
     .venv/bin/python bench/bench_snapshot.py [--rows 2000000] [--repeat 3] [--whole-process]
-        [--tables orders,metrics]
+        [--whole-repeat 1] [--tables orders,metrics]
 """
 
 from __future__ import annotations
@@ -196,6 +199,36 @@ def whole_process(job: WholeProcess) -> tuple[float, int, list[str]]:
     return seconds, rss[-1] if rss else 0, breakdown
 
 
+def whole_processes(dsn: str, root: Path, tables: list[str], total: int, repeat: int,
+                    best_raw: float | None = None) -> None:
+    """Time ``repeat`` whole processes, each right after a raw COPY (same load), each on a
+    fresh ``DAGSTER_HOME``, lakehouse and slot; print each and the best ratio."""
+    ratios = []
+    for i in range(max(1, repeat)):
+        raw_now, _ = raw_copy_seconds(dsn, tables)
+        load_job = os.getloadavg()[0]
+        home = root / f"whole{i}"
+        home.mkdir()
+        job_s, rss, breakdown = whole_process(WholeProcess(home, dsn, pattern(tables)))
+        shutil.rmtree(home, ignore_errors=True)  # the lakehouse it wrote
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot('bench_job')")
+        conn.close()
+        ratios.append(raw_now / job_s)
+        best = "" if best_raw is None else f" (best raw: {best_raw / job_s:.3f})"
+        print(f"whole process (dagster job execute -j initial_snapshot): "
+              f"{total / job_s:,.0f} rows/s ({job_s:.1f} s; raw COPY just before "
+              f"{raw_now:.2f} s), ratio {raw_now / job_s:.3f}{best}, peak RSS "
+              f"{rss / 2**20:.0f} MiB; load {load_job:.1f} -> {os.getloadavg()[0]:.1f}")
+        for item in breakdown:
+            print(f"  {item}")
+    if len(ratios) > 1:
+        print(f"whole-process ratios: {', '.join(f'{r:.3f}' for r in ratios)}; best "
+              f"{max(ratios):.3f}, median {statistics.median(ratios):.3f}")
+
+
 def cluster_pid(data_dir: Path) -> int:
     """The postmaster's PID (its backends are its children)."""
     return int((data_dir / "postmaster.pid").read_text().splitlines()[0])
@@ -209,6 +242,8 @@ def main() -> None:
                         help=f"comma-separated, among {', '.join(TABLES)}")
     parser.add_argument("--whole-process", action="store_true",
                         help="also time a whole dagster job execute -j initial_snapshot")
+    parser.add_argument("--whole-repeat", type=int, default=1,
+                        help="whole processes to time (each after its own raw COPY)")
     args = parser.parse_args()
     tables = [t for t in args.tables.split(",") if t]
     if not tables or any(t not in TABLES for t in tables):
@@ -219,6 +254,10 @@ def main() -> None:
     try:
         per_table = fill_tables(cluster.dsn, args.rows, tables)
         total = per_table * len(tables)
+        if args.repeat < 1:  # whole processes only: no Spark in this process
+            raw_copy_seconds(cluster.dsn, tables)  # warm the cache
+            whole_processes(cluster.dsn, root, tables, total, args.whole_repeat)
+            return
         spark = build_session()
         spark.range(10).count()  # the JVM's start-up is not snapshot work
         raw_copy_seconds(cluster.dsn, tables)  # warm the cache
@@ -264,17 +303,7 @@ def main() -> None:
             shutil.rmtree(root / "cold", ignore_errors=True)  # the disk the job writes to
             for i in range(args.repeat):
                 shutil.rmtree(root / f"warm{i}", ignore_errors=True)
-            raw_now, _ = raw_copy_seconds(cluster.dsn, tables)
-            load_job = os.getloadavg()[0]
-            job_s, rss, breakdown = whole_process(
-                WholeProcess(root, cluster.dsn, pattern(tables)))
-            print(f"whole process (dagster job execute -j initial_snapshot): "
-                  f"{total / job_s:,.0f} rows/s ({job_s:.1f} s; raw COPY just before "
-                  f"{raw_now:.2f} s), ratio {raw_now / job_s:.3f} (best raw: "
-                  f"{raw_s / job_s:.3f}), peak RSS {rss / 2**20:.0f} MiB; load "
-                  f"{load_job:.1f} -> {os.getloadavg()[0]:.1f}")
-            for item in breakdown:
-                print(f"  {item}")
+            whole_processes(cluster.dsn, root, tables, total, args.whole_repeat, raw_s)
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)  # ~800 MB of data and lakehouse per run

@@ -495,7 +495,10 @@ def warm_workers(spark: SparkSession, note: Callable[[str], None] | None = None
     A fresh session starts its Python workers on the first task, which costs seconds; doing
     it while the driver creates the slot and plans the chunks takes that off the snapshot.
     Workers are reused, so this runs once per Spark application (a Spark job costs the
-    driver's JVM about 0.1 s of CPU, which the chunks need on a small machine).
+    driver's JVM about 0.1 s of CPU, which the chunks need on a small machine). The job is
+    submitted before this returns (an asynchronous count), so when the session's
+    ``on_ready`` hook calls this, it comes before the chunks' job (Spark runs jobs first in,
+    first out) and the note says when the workers were up, not when a chunk freed a slot.
     """
     sc = spark.sparkContext
     app = str(sc.applicationId)
@@ -503,18 +506,27 @@ def warm_workers(spark: SparkSession, note: Callable[[str], None] | None = None
         return None
     _WARMED.add(app)
     slots = max(1, int(sc.defaultParallelism))
+    submitted = threading.Event()
 
     def run() -> None:
         try:
-            sc.setJobDescription("pgcdc snapshot: start Python workers")
-            sc.parallelize(range(slots), slots).map(_warm).collect()
+            sc.setJobDescription("pgcdc snapshot: start Python workers")  # this thread's
+            rdd = sc.parallelize(range(slots), slots).map(_warm)
+            future = rdd._jrdd.countAsync()  # JavaRDD's: submitted now, awaited below
         except Exception:  # best effort: the snapshot may already have failed or finished
+            return
+        finally:
+            submitted.set()
+        try:
+            future.get()
+        except Exception:  # the session stopped, or the job was cancelled
             return
         if note is not None:
             note("workers ready")
 
     thread = threading.Thread(target=run, name="pgcdc-warm", daemon=True)
     thread.start()
+    submitted.wait(60)
     return thread
 
 
