@@ -177,11 +177,17 @@ def resolve_capture(conn: psycopg2.extensions.connection, include: Sequence[str]
         cur.execute(_TABLES_SQL)
         candidates = cur.fetchall()
     for pattern in include:
-        if not any(re.fullmatch(pattern, f"{s}.{t}") for _, s, t, *_ in candidates):
+        names = [f"{s}.{t}" for _, s, t, *_ in candidates]
+        if not any(re.fullmatch(pattern, name) for name in names):
+            other_case = sorted(n for n in names if re.fullmatch(pattern, n, re.IGNORECASE))
+            hint = (f" Patterns match the letter case of names (unlike Debezium's); "
+                    f"{', '.join(map(repr, other_case[:5]))} match(es) it in another case: "
+                    "write the name in its case, or start the pattern with (?i)."
+                    if other_case else "")
             raise TableNotFoundError(
                 f"no table in the source matches {pattern!r} from the include list. Check the "
                 "name (schema.table, a regular expression), create the table, or remove it "
-                "from PGCDC_TABLES."
+                f"from PGCDC_TABLES.{hint}"
             )
     matched = [row for row in candidates
                if (not include or _matches(include, row[1], row[2]))

@@ -26,7 +26,7 @@ from psycopg2 import sql
 
 from assets.keys import table_of_key
 from pgcdc_dagster.definitions import build_definitions, defs
-from pgcdc_dagster.exceptions import MissingPrimaryKeyError
+from pgcdc_dagster.exceptions import MissingPrimaryKeyError, TableNotFoundError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.names import partition_key
 from pgcdc_dagster.ops.settings import MonitorSettings
@@ -200,7 +200,8 @@ def test_table_lists_split_as_debezium_splits_them(pg_dsn, pg_conn, monkeypatch)
     """PGCDC_TABLES / table.exclude.list are Debezium lists of regular expressions: ``\\,`` is
     a comma of the expression (a table named ``a,b``), and a comma inside ``{m,n}`` or a
     character class does not split it. A plain comma split made ``public\\.a\\`` of the
-    first (refused: bad escape) and never matched the others."""
+    first (refused: bad escape) and never matched the others. Unlike Debezium's, the
+    patterns match the names' letter case; a refusal for a name in another case says so."""
     with pg_conn.cursor() as cur:
         for table in ("a,b", "t1", "t12", "t123", "x,z", "x(z"):
             cur.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(
@@ -210,6 +211,14 @@ def test_table_lists_split_as_debezium_splits_them(pg_dsn, pg_conn, monkeypatch)
     silver = {tuple(k.path[1:]) for k in defs().resolve_all_asset_keys() if k.path[0] == "silver"}
     assert silver == {("public", "x__a_2c_b"), ("public", "t1"), ("public", "t12"),
                       ("public", "x__x_2c_z"), ("public", "x__x_28_z")}
+    # Letter case counts (Debezium ignores it): the refusal says so and how to ignore it.
+    monkeypatch.setenv("PGCDC_TABLES", r"public\.A\,B")
+    with pytest.raises(TableNotFoundError, match=r"'public\.a,b' match\(es\) it in another "
+                       r"case: write the name in its case, or start the pattern with \(\?i\)"):
+        defs()
+    monkeypatch.setenv("PGCDC_TABLES", r"(?i)public\.A\,B")
+    assert {tuple(k.path[1:]) for k in defs().resolve_all_asset_keys()
+            if k.path[0] == "silver"} == {("public", "x__a_2c_b")}
     settings = CaptureResource(tables=r"public\..*", exclude_tables=r"public\.t\d{2,3}, "
                                r"public\.x[,]z").settings(pg_dsn, "/unused")
     assert settings.include == (r"public\..*",)
