@@ -232,7 +232,11 @@ def _bronze_metadata(run: BronzeRun, ctx: TableContext, before: TableStats, seco
     for op, n in events.items():
         meta[f"events_{op}"] = n
     total = sum(events.values())
-    after = table_stats(ctx.bronze_uri)
+    # A table the snapshot's commit created, with no window since: its files are known.
+    snapped = run.snapshot.table(name) if run.snapshot is not None and run.stream is None \
+        else None
+    after = snapped.bronze_stats if snapped is not None and snapped.bronze_stats is not None \
+        else table_stats(ctx.bronze_uri)
     added = growth(before, after, ctx.bronze_uri)
     meta.update({
         "source_table": display_name(*ctx.relation.qualified),
@@ -276,10 +280,12 @@ def meta_table_metadata(stream: StreamReport | None, name: str, uri: str,
 
 
 def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats,
-                     bronze_from: int | None, health: SlotHealth | None) -> dict[str, Any]:
+                     bronze_from: int | None, health: SlotHealth | None,
+                     snapshot: TableStats | None = None) -> dict[str, Any]:
     """Metadata of one silver materialization; ``bronze_from`` is the bronze version the
-    previous materialization had applied (None: this is the first)."""
-    after = table_stats(ctx.silver_uri)
+    previous materialization had applied (None: this is the first). ``snapshot``: silver as
+    the snapshot's commit just created or replaced it (every row live), not read back."""
+    after = snapshot if snapshot is not None else table_stats(ctx.silver_uri)
     added = growth(before, after, ctx.silver_uri)
     commits, _ = bronze_commits(ctx.bronze_uri)
     earlier = [c for c in commits if bronze_from is not None and c.version <= bronze_from]
@@ -307,7 +313,8 @@ def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats
         "bytes_written": added.bytes,
         "files_written": added.files,
         "table_bytes": after.bytes,
-        "dagster/row_count": live_row_count(ctx.silver_uri) or 0,
+        "dagster/row_count": snapshot.rows if snapshot is not None else
+        live_row_count(ctx.silver_uri) or 0,
         "dagster/column_schema": silver_column_schema(ctx),
         "dagster/uri": ctx.silver_uri,
         "table_uri": dg.MetadataValue.path(ctx.silver_uri),

@@ -321,9 +321,14 @@ class _Reporter:
         def silver_meta(item: tuple[TableContext, SilverReport]) -> dict[str, Any]:
             ctx, report = item
             version, bronze_from = silver_before[silver_key(*ctx.relation.qualified)]
+            # silver as the snapshot's commit left it, when nothing was applied since
+            snapped = run.snapshot.table(ctx.name) if run.snapshot is not None and \
+                run.stream is None and report.events == 0 else None
             with shared_reads():
+                known = snapped.silver_stats if snapped is not None else None
                 return _silver_metadata(report, ctx, _before(version, ctx.silver_uri),
-                                        bronze_from, health)
+                                        bronze_from, health, known if known is not None and
+                                        known.version == report.silver_version else None)
 
         with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
             for (ctx, _), meta in zip(applied, pool.map(silver_meta, applied), strict=True):

@@ -43,6 +43,7 @@ from pgcdc_dagster.lake.delta import (
 )
 from pgcdc_dagster.lake.evolution import SchemaChangeError, conflicts, evolve
 from pgcdc_dagster.lake.storage import delete_file, join
+from pgcdc_dagster.ops.delta_stats import TableStats
 from pgcdc_dagster.spark.snapshot_tasks import SnapshotFile
 
 
@@ -62,6 +63,12 @@ class TableSnapshotReport:
     silver_current: bool = False
     """Silver reflects bronze's latest version (its app transaction is bronze's version
     after the commit): the silver catch-up has nothing to apply until bronze grows."""
+    bronze_stats: TableStats | None = None
+    """Bronze as this commit left it, when the commit created it (its files are all the
+    table holds): a report need not read the log back. None: read it."""
+    silver_stats: TableStats | None = None
+    """Silver as this run's commit left it (created or replaced: its files are all the table
+    holds, every row live). None: read it."""
 
 
 def snapshot_app_id(app_prefix: str, ctx: TableContext) -> str:
@@ -100,8 +107,10 @@ def commit_table(ctx: TableContext, done: Mapping[int, ChunkDone], *, app_prefix
                           Transaction(snap_app, snapshot_id)],
         custom_metadata=meta)
     bronze = create_with_files(ctx.bronze_uri, ctx.bronze_schema, b_files, properties=b_props)
+    b_stats: TableStats | None = None
     if bronze is None:
         b_version = latest = 0
+        b_stats = files_stats(0, b_files)
         crash_point("snapshot_after_bronze_commit")
     else:
         b_version = _commit_bronze(ctx, bronze, b_files, b_props, snap_app, snapshot_id)
@@ -109,15 +118,26 @@ def commit_table(ctx: TableContext, done: Mapping[int, ChunkDone], *, app_prefix
     s_files = [_data_file(f) for c in done.values() for f in c.silver]
     silver = create_with_files(ctx.silver_uri, ctx.silver_schema, s_files,
                                properties=commit_properties(ctx.silver_app_id, b_version, meta))
+    s_stats: TableStats | None = None
     if silver is None:
         s_version = 0
+        s_stats = files_stats(0, s_files)
     elif version_of(silver, snapshot_id) >= 0:
         s_version = silver.version()
     else:
         s_version = commit_files(silver, s_files, ctx.silver_schema, mode="overwrite",
                                  app_id=ctx.silver_app_id, version=b_version, metadata=meta)
+        s_stats = files_stats(s_version, s_files)
     return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn, resumed,
-                               silver_current=latest == b_version)
+                               silver_current=latest == b_version, bronze_stats=b_stats,
+                               silver_stats=s_stats)
+
+
+def files_stats(version: int, files: Sequence[DataFile]) -> TableStats:
+    """A table whose version ``version`` holds exactly ``files`` (what :func:`table_stats`
+    would read back from its log)."""
+    return TableStats(version, len(files), sum(f.size for f in files),
+                      sum(f.num_records for f in files), frozenset(f.path for f in files))
 
 
 def _data_file(f: SnapshotFile) -> DataFile:

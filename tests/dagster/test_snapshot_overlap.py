@@ -19,6 +19,7 @@ from assets import capture_run
 from pgcdc_dagster.capture import runner
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.ops.delta_stats import live_row_count, table_stats
 from pgcdc_dagster.ops.settings import MonitorSettings
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from tests.support.compare import assert_silver_equals_source
@@ -77,6 +78,13 @@ def test_tables_reported_as_committed_and_a_later_failure(pg_dsn, pg_conn, lakeh
             assert bronze["dagster/row_count"] == ROWS and bronze["delta_version"] == 0
             assert silver["dagster/row_count"] == silver["rows_written"] == ROWS
             assert silver["delta_version"] == 0 and silver["capture_kind"] == "snapshot"
+            # the figures the commit knew equal what the Delta logs hold
+            for meta, layer in ((bronze, "bronze"), (silver, "silver")):
+                stats = table_stats(table_uri(lake, layer, "public", t))
+                assert (meta["files_written"], meta["bytes_written"], meta["table_bytes"]) == \
+                    (stats.files, stats.bytes, stats.bytes), (t, layer)
+            assert silver["dagster/row_count"] == live_row_count(
+                table_uri(lake, "silver", "public", t))
             assert_silver_equals_source(pg_conn, table_uri(lake, "silver", "public", t),
                                         "public", t, ["id"])
         checks = {}
