@@ -43,6 +43,7 @@ from pgcdc_dagster.ops.lsn_windows import (
     WindowReport,
     check_commits,
     check_runs,
+    last_snapshot,
 )
 from pgcdc_dagster.ops.schema_drift import compare_schemas, silver_schema_of
 from pgcdc_dagster.ops.settings import MonitorSettings
@@ -223,7 +224,7 @@ def windows_result(key: dg.AssetCheckKey, ctx: TableContext, commits: Sequence[B
     position (``confirmed``)."""
     report = WindowReport(ctx.name)
     check_commits(report, commits, bronze_applied)
-    check_runs(report, runs, confirmed)
+    check_runs(report, runs, confirmed, last_snapshot(commits))
     return _windows_result(key, report, confirmed)
 
 

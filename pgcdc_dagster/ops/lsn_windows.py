@@ -136,11 +136,20 @@ def check_commits(report: WindowReport, commits: Sequence[BronzeCommit],
                 f"commit (version {previous.version}) ends at {previous.end}")
 
 
+def last_snapshot(commits: Sequence[BronzeCommit]) -> Lsn | None:
+    """The point of the table's latest snapshot commit (``commits`` oldest first)."""
+    return next((c.end for c in reversed(commits) if c.kind == "snapshot"), None)
+
+
 def check_runs(report: WindowReport, runs: Sequence[RunRange],
-               slot_confirmed: Lsn | None) -> None:
+               slot_confirmed: Lsn | None, snapshot: Lsn | None = None) -> None:
     """Consecutive runs chain, and the slot is where the last run left it.
 
-    ``runs`` are oldest first.
+    ``runs`` are oldest first. ``snapshot``: the point of the table's own latest snapshot
+    (:func:`last_snapshot`): WAL up to it needs no run, the snapshot read the table as of it.
+    A table that joined the capture later was snapshotted on its own (a temporary slot):
+    the runs before it that did not write it (an incremental snapshot, an asset-job run of
+    the tables captured then) left no range on it, and are no gap of its.
     """
     report.runs = len(runs)
     position: Lsn | None = None
@@ -152,9 +161,10 @@ def check_runs(report: WindowReport, runs: Sequence[RunRange],
             continue
         if position is None:
             report.covered_from = run.start
-        elif run.start > position:
+        elif run.start > position and (snapshot is None or run.start > snapshot):
+            read_to = position if snapshot is None else max(position, snapshot)
             report.problems.append(
-                f"WAL ({position}, {run.start}] was never read: run {run.label} started at "
+                f"WAL ({read_to}, {run.start}] was never read: run {run.label} started at "
                 f"{run.start} but the previous run ended at {position} (the slot was advanced "
                 "outside the pipeline, or recreated without a snapshot); changes in that range "
                 "are missing from bronze: re-snapshot the tables")

@@ -20,6 +20,7 @@ from pgcdc_dagster.ops.lsn_windows import (
     WindowReport,
     check_commits,
     check_runs,
+    last_snapshot,
 )
 from pgcdc_dagster.ops.schema_drift import normalise_type
 from pgcdc_dagster.ops.settings import MonitorSettings
@@ -227,6 +228,34 @@ def test_lsn_window_check_detects_wal_read_outside_the_pipeline(capture, pg_conn
     assert gap.metadata["runs_checked"].value == 2
 
 
+def test_a_table_joining_after_an_incremental_snapshot_has_no_gap(capture, pg_conn,
+                                                                  pg_dsn, lakehouse) -> None:
+    """QA: an incremental-snapshot run records its WAL range on the bronze tables it wrote
+    (the tables captured then). A table created afterwards joins the capture at the next
+    micro-batch (snapshotted on a temporary slot): that run's range is no gap of its, and
+    the check passes for it, while the tables captured all along keep the whole chain."""
+    definitions, instance, _ = capture
+    run(definitions, instance, "initial_snapshot")
+    with pg_conn.cursor() as cur:
+        cur.execute("UPDATE items SET name = 'during' WHERE id <= 3")
+    result = definitions.resolve_job_def("incremental_snapshot").execute_in_process(
+        instance=instance, partition_key="public.tags")
+    assert result.success
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE late (id int PRIMARY KEY, v text); "
+                    "INSERT INTO late SELECT g, 'v' FROM generate_series(1, 5) g")
+    joined = build_definitions([*TABLES, ("public", "late")], definitions.resources,
+                               settings=MonitorSettings())
+    run(joined, instance, "cdc_microbatch")
+    with pg_conn.cursor() as cur:
+        cur.execute("UPDATE late SET v = 'w' WHERE id = 1; UPDATE items SET name = 'after'")
+    run(joined, instance, "cdc_microbatch")
+    evaluations = checks(run(joined, instance, "capture_checks"))
+    assert_passed(evaluations)
+    late = evaluations["bronze/public/late:lsn_windows_contiguous"]
+    assert late.metadata["runs_checked"].value == 3  # initial_snapshot, 2 micro-batches
+
+
 def test_schema_drift_is_reported(capture, pg_conn) -> None:
     definitions, instance, _ = capture
     run(definitions, instance, "initial_snapshot")
@@ -306,6 +335,25 @@ def test_window_rules_on_recorded_histories() -> None:
     assert "behind the last run's end" in behind.problems[0]
     resnap = [*chain, RunRange("c", Lsn(0x900), Lsn(0x900), Lsn(0xA00))]
     assert runs_report(resnap, Lsn(0xA00)).ok
+    # QA: a table that joined the capture later (snapshotted on a temporary slot at 0x550)
+    # has no range of the runs before it that wrote only the tables captured then (an
+    # incremental snapshot covering (0x300, 0x400]): no gap of its. A gap after its
+    # snapshot, or straddling it, is still one (named from the snapshot on).
+    joined = [*chain, RunRange("inc-less", None, Lsn(0x400), Lsn(0x500)),
+              RunRange("d", None, Lsn(0x500), Lsn(0x600))]
+    assert "WAL (0/300, 0/400] was never read" in runs_report(joined, Lsn(0x600)).problems[0]
+    report = WindowReport("public.t")
+    check_runs(report, joined, Lsn(0x600),
+               last_snapshot([BronzeCommit(7, "snapshot", Lsn(0x550)),
+                              BronzeCommit(8, "stream", Lsn(0x600), start=Lsn(0x500))]))
+    assert report.ok, report.problems
+    report = WindowReport("public.t")
+    check_runs(report, joined, Lsn(0x600), Lsn(0x350))
+    assert report.problems == ["WAL (0/350, 0/400] was never read: run inc-less started at "
+                               "0/400 but the previous run ended at 0/300 (the slot was "
+                               "advanced outside the pipeline, or recreated without a "
+                               "snapshot); changes in that range are missing from bronze: "
+                               "re-snapshot the tables"]
 
 
 def test_schema_types_fold_what_delta_does_not_keep() -> None:
