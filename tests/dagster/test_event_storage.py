@@ -43,7 +43,7 @@ from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster_shared.serdes import deserialize_value, serialize_value
 
-from assets import event_batches
+from assets import event_batches, event_memo
 from assets.event_storage import (
     REPLACED,
     engines_shareable,
@@ -306,8 +306,9 @@ def test_a_run_inside_the_block_stores_what_it_stores_without() -> None:
         _expected_shape(without, "s")
         assert within == without
         assert _replaced(held) == []
-        _serialized_as_dagster_does(plain)
-        _serialized_as_dagster_does(held)
+        for instance in (plain, held):
+            with _sqlite_index(instance) as conn:
+                _serialized_as_dagster_does(conn)
 
 
 def _postgres_instance(dsn: str) -> contextlib.AbstractContextManager[dg.DagsterInstance]:
@@ -359,6 +360,9 @@ def test_on_postgres_a_connection_is_kept_and_the_same_is_stored(pg_dsn: str,
         assert SEEN["postgres pool"] == "QueuePool", "no connection was kept"
         _expected_shape(without, "s")
         assert within == without
+        for dsn in (pg_dsn, second_pg_dsn):
+            with contextlib.closing(psycopg2.connect(dsn)) as conn:
+                _serialized_as_dagster_does(conn)
         engine = getattr(held.event_log_storage, "_engine", None)
         assert engine is not None and type(engine.pool).__name__ == "NullPool", \
             "dagster-postgres's own engine is not back"
@@ -643,24 +647,32 @@ def test_a_killed_process_loses_only_its_open_batch(tmp_path: Path) -> None:
                         "next")
 
 
-def _raw_rows(instance: dg.DagsterInstance) -> tuple[dict[int, str], list[Any], list[Any]]:
-    """The index file's event texts by id, latest materializations and check executions, as
-    stored (text, not deserialized)."""
-    path = instance.event_log_storage.path_for_shard("index")  # type: ignore[attr-defined]
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        events = dict(conn.execute("SELECT id, event FROM event_logs").fetchall())
-        latest = conn.execute("SELECT last_materialization FROM asset_keys "
-                              "WHERE last_materialization IS NOT NULL").fetchall()
-        checks = conn.execute("SELECT evaluation_event_storage_id, evaluation_event FROM "
-                              "asset_check_executions WHERE evaluation_event IS NOT NULL"
-                              ).fetchall()
+def _raw_rows(conn: Any) -> tuple[dict[int, str], list[Any], list[Any]]:
+    """The event texts by id, latest materializations and check executions an index holds
+    (a DB-API connection to the SQLite index file or the PostgreSQL database), as stored:
+    text, not deserialized."""
+    cur = conn.cursor()
+    cur.execute("SELECT id, event FROM event_logs")
+    events = dict(cur.fetchall())
+    cur.execute("SELECT last_materialization FROM asset_keys "
+                "WHERE last_materialization IS NOT NULL")
+    latest = cur.fetchall()
+    cur.execute("SELECT evaluation_event_storage_id, evaluation_event FROM "
+                "asset_check_executions WHERE evaluation_event IS NOT NULL")
+    checks = cur.fetchall()
+    cur.close()
     return events, latest, checks
 
 
-def _serialized_as_dagster_does(instance: dg.DagsterInstance) -> None:
+def _sqlite_index(instance: dg.DagsterInstance) -> contextlib.closing[sqlite3.Connection]:
+    path = instance.event_log_storage.path_for_shard("index")  # type: ignore[attr-defined]
+    return contextlib.closing(sqlite3.connect(path))
+
+
+def _serialized_as_dagster_does(conn: Any) -> None:
     """Each stored copy of an event is the text of that event (no other event's, no stale
     one): the latest materialization is exactly Dagster's serialization of its record."""
-    events, latest, checks = _raw_rows(instance)
+    events, latest, checks = _raw_rows(conn)
     assert latest and checks
     for (text,) in latest:
         record = deserialize_value(text, EventLogRecord)
@@ -669,3 +681,43 @@ def _serialized_as_dagster_does(instance: dg.DagsterInstance) -> None:
                         f'{events[record.storage_id]}, "storage_id": {record.storage_id}}}')
     for storage_id, text in checks:
         assert text == events[storage_id]
+
+
+def test_each_event_is_serialized_once_and_only_as_dagster_would(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def counting(val: Any, *args: Any, **kwargs: Any) -> str:
+        calls.append(type(val).__name__)
+        return serialize_value(val, *args, **kwargs)
+
+    monkeypatch.setattr(event_memo, "_serialize_value", counting)
+    monkeypatch.setattr(sql_event_log_module, "serialize_value", counting)
+    monkeypatch.setattr(event_memo, "_record_checked", None)
+    entry = EventLogEntry(error_info=None, level=20, user_message="m", run_id="r",
+                          timestamp=time.time(), step_key=None, job_name="j",
+                          dagster_event=None)
+    other = entry._replace(user_message="other")
+    records = [EventLogRecord(storage_id=i, event_log_entry=entry) for i in (3, 4)]
+
+    def storage_serializes(val: Any) -> str:
+        return sql_event_log_module.serialize_value(val)  # as Dagster's storage calls it
+
+    with event_memo.memo_installed() as installed:
+        assert installed
+        with event_memo.serialized_once(entry):
+            texts = [storage_serializes(v) for v in (entry, records[0], entry, records[1])]
+            assert storage_serializes(other) == serialize_value(other)  # not the one stored
+        assert texts == [serialize_value(v) for v in (entry, records[0], entry, records[1])]
+        assert calls == ["EventLogEntry", "EventLogRecord", "EventLogEntry"], \
+            "serialized more than once (the record: once per process, to check it)"
+        storage_serializes(entry)  # outside the store: Dagster's own
+        assert calls[-1] == "EventLogEntry"
+    assert sql_event_log_module.serialize_value is counting, "not put back"
+
+    # a record text unlike Dagster's is never used: the check falls back to Dagster's
+    monkeypatch.setattr(event_memo, "_record_checked", None)
+    monkeypatch.setattr(event_memo, "_record_text", lambda storage_id, text: "wrong")
+    with event_memo.memo_installed(), event_memo.serialized_once(entry):
+        assert storage_serializes(records[1]) == serialize_value(records[1])
+    assert event_memo._record_checked is False
