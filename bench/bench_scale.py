@@ -157,6 +157,9 @@ def main() -> None:
         for name, capture in captures.items():
             figures[name] = {"initial_snapshot": capture.run("initial_snapshot")}
             snap_events = capture.events()
+            for line in capture.output.splitlines():  # when the snapshot's phases ended
+                if "snapshot timeline" in line and not args.microbatch_only:
+                    print(f"  {name}: " + line.split(" - ")[-1], flush=True)
             if args.checks_only:
                 figures[name]["capture_checks (full sweep)"] = capture.run("capture_checks")
                 sweep_events = capture.events()

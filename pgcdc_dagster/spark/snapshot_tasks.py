@@ -125,6 +125,10 @@ SMALL_TABLE_FRACTION = 8
 GROUP_MAX_CHUNKS = 64
 """Chunks of one group at most: the driver commits a group's tables when its task ends, so
 groups stay small enough for results to flow while the other tasks run."""
+FIRST_GROUP_CHUNKS = 8
+"""Chunks of each of the first small-table groups (one per slot, when no big chunk runs
+first): their tables are the first the driver can commit and the run can report, soon after
+the workers start, while the bigger groups are read."""
 
 
 def chunks_of(unit: Unit) -> tuple[ChunkTask, ...]:
@@ -138,7 +142,9 @@ def group_small(tasks: Sequence[ChunkTask], sizes: Sequence[int], *, chunk_bytes
     for a chunk of a table read in several) packed into groups of at most ``chunk_bytes``
     heap and :data:`GROUP_MAX_CHUNKS` chunks, and at least ``slots`` groups when there are
     that many small tables, so every core stays busy. Groups are filled largest table first,
-    each into the group holding the fewest bytes."""
+    each into the group holding the fewest bytes. With no big chunk to run first, the first
+    ``slots`` groups' first :data:`FIRST_GROUP_CHUNKS` chunks are groups of their own, run
+    first: the run reports its first tables soon after the workers start."""
     limit = max(1, chunk_bytes // SMALL_TABLE_FRACTION)
     alone: list[Unit] = []
     small: list[tuple[int, ChunkTask]] = []
@@ -158,6 +164,10 @@ def group_small(tasks: Sequence[ChunkTask], sizes: Sequence[int], *, chunk_bytes
         i = min(range(count), key=lambda j: (len(bins[j]) >= GROUP_MAX_CHUNKS, loads[j]))
         bins[i].append(task)
         loads[i] += max(size, 1)
+    # The first wave's groups cut short (their heads run first): results flow at once.
+    heads = [b[:FIRST_GROUP_CHUNKS] for b in bins[:slots]] if not alone else []
+    bins = heads + [b[len(h):] for b, h in zip(bins[:len(heads)], heads, strict=True)] + \
+        bins[len(heads):]
     groups: list[Unit] = [ChunkGroup(tuple(b)) if len(b) > 1 else b[0] for b in bins if b]
     return alone + groups
 
