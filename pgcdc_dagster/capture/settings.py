@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from pgcdc_dagster.cdc.typeconv import TypeModes
+from pgcdc_dagster.exceptions import ConfigurationError
 
 DEFAULT_INCREMENTAL_CHUNK_SIZE = 65536
 """``incremental.snapshot.chunk.size`` default, measured (docs/incremental.md)."""
+SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+"""What PostgreSQL accepts as a replication slot name (``ReplicationSlotValidateName``)."""
 DEFAULT_STATEMENT_TIMEOUT_MS = 600_000
 """Default ``statement_timeout`` of statements that run user SQL (10 minutes: far above a
 chunk's read, short enough that a runaway filter does not hold the slot for hours)."""
@@ -104,6 +108,16 @@ class CaptureSettings:
     """``statement_timeout`` of the statements that run an ``additional-conditions`` filter
     (its check, the chunk queries) or a ``snapshot.select.statement.overrides`` SELECT
     (its check, the snapshot chunk reads); 0: none."""
+
+    def __post_init__(self) -> None:
+        # The slot name reaches replication commands, the lakehouse path of the capture's
+        # state (<lakehouse>/_pgcdc/<slot>) and the app-transaction ids: refuse what
+        # PostgreSQL would refuse, before anything runs, naming the setting.
+        if not SLOT_NAME.fullmatch(self.slot):
+            raise ConfigurationError(
+                f"slot.name (PGCDC_SLOT) {self.slot!r} is not a valid replication slot name: "
+                "PostgreSQL allows lower-case letters, digits and '_' only, 1 to 63 characters "
+                "(e.g. 'orders_cdc')")
 
     @property
     def app_prefix(self) -> str:

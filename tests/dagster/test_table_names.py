@@ -225,6 +225,32 @@ def test_table_lists_split_as_debezium_splits_them(pg_dsn, pg_conn, monkeypatch)
     assert settings.exclude == (r"public\.t\d{2,3}", r"public\.x[,]z")
 
 
+@pytest.mark.parametrize("slot", ['a"b', "My-Slot", "s" * 64])
+def test_an_invalid_slot_name_is_refused_by_name(pg_dsn, pg_conn, lakehouse, slot) -> None:
+    """PGCDC_SLOT is a PostgreSQL slot name ([a-z0-9_], at most 63): another one fails the
+    run with the setting named, before a slot, a publication or a lakehouse file exists (it
+    was a raw 'syntax error' from CREATE_REPLICATION_SLOT for a quote)."""
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    definitions = build_definitions([("public", "t")], {
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "lakehouse": LakehouseResource(root=str(lakehouse)),
+        "capture": CaptureResource(tables="public\\.t", slot=slot, publication="p"),
+        "spark": SparkResource()}, settings=MonitorSettings())
+    with dg.instance_for_test() as instance:
+        result = definitions.resolve_job_def("initial_snapshot").execute_in_process(
+            instance=instance, raise_on_error=False)
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    message = failure.step_failure_data.error.cause.message  # type: ignore[union-attr]
+    assert f"slot.name (PGCDC_SLOT) {slot!r} is not a valid replication slot name" in message
+    with pg_conn.cursor() as cur:
+        cur.execute("SELECT (SELECT count(*) FROM pg_replication_slots "
+                    "WHERE database = current_database()), (SELECT count(*) FROM pg_publication)")
+        assert cur.fetchone() == (0, 0)
+    assert not any(lakehouse.rglob("*.json"))
+
+
 @pytest.mark.parametrize("publication", ['CDC Pub"1', "MixedCase"])
 def test_lag_sensor_counts_changes_of_a_mixed_case_publication(pg_dsn, pg_conn, lakehouse,
                                                                 publication) -> None:
