@@ -167,6 +167,12 @@ def test_timestamptz(conn):
         c3 = make_case(conn, f"timestamptz({p})", ["'2018-06-20 15:13:16.945104+00'"])
         # PostgreSQL rounds to the column precision on input
         assert c3.bronze() == ["2018-06-20T15:13:17Z" if p == 0 else "2018-06-20T15:13:16.945Z"]
+    # QA: PostgreSQL's last instants lie past 2^63 microseconds after 1970 (crashed the
+    # snapshot with an OverflowError): java.time's text, exact; silver clamped.
+    last = make_case(conn, "timestamptz", ["'294276-12-31 23:59:59.999999+00'",
+                                           "'294247-01-10 04:00:54.775808+00'"])
+    assert last.bronze() == ["+294276-12-31T23:59:59.999999Z", "+294247-01-10T04:00:54.775808Z"]
+    assert [str(v) for v in last.silver()] == ["9999-12-31 23:59:59.999999+00:00"] * 2
 
 
 @pytest.mark.parametrize("mode", ["adaptive", "adaptive_time_microseconds", "connect"])
@@ -193,6 +199,12 @@ def test_timestamp(conn, mode, ddl):
     inf = make_case(conn, ddl, ["'infinity'", "'-infinity'"], TypeModes(time_precision=mode))
     scale = 1000 if millis else 1
     assert inf.bronze() == [9223372036825200000 // scale, -9223372036832400000 // scale]
+    # QA: past 2^63 microseconds after 1970 (PostgreSQL goes to 294276 AD): saturated at the
+    # int64 maximum, as Debezium's TimeUnit conversion saturates (an OverflowError before)
+    last = make_case(conn, ddl, ["'294276-12-31 23:59:59'", "'294247-01-10 04:00:54'"],
+                     TypeModes(time_precision=mode))
+    assert last.bronze() == [(2**63 - 1) // scale, 9223372036854000000 // scale]
+    assert [str(v) for v in last.silver()] == ["9999-12-31 23:59:59.999999"] * 2
 
 
 @pytest.mark.parametrize("mode", ["adaptive", "adaptive_time_microseconds", "connect"])

@@ -52,6 +52,8 @@ SILVER_MAX_MICROS = cal.days_from_civil(10000, 1, 1) * cal.MICROS_PER_DAY - 1
 SILVER_MIN_MICROS = cal.days_from_civil(1, 1, 1) * cal.MICROS_PER_DAY
 SILVER_MAX_DAYS = cal.days_from_civil(9999, 12, 31)
 SILVER_MIN_DAYS = cal.days_from_civil(1, 1, 1)
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
 
 
 def time_precision(typmod: int) -> int:
@@ -70,14 +72,23 @@ def _not_fast(text: pa.StringArray, pattern: str) -> pa.Array:
     return pc.and_(pc.is_valid(text), pc.invert(pc.match_substring_regex(text, pattern)))
 
 
+def saturated_int64(value: int) -> int:
+    """``value`` limited to the int64 range, as ``java.util.concurrent.TimeUnit`` converts
+    (Debezium's epoch microseconds): PostgreSQL's timestamps run to 294276 AD, about 29
+    years past 2^63 microseconds after 1970."""
+    return max(INT64_MIN, min(INT64_MAX, value))
+
+
 def timestamp_micros(text: pa.StringArray, *, with_zone: bool) -> pa.Int64Array:
-    """Text -> epoch microseconds (UTC), vectorised with a per-value path for odd values."""
+    """Text -> epoch microseconds (UTC), vectorised with a per-value path for odd values
+    (saturated at the int64 range: :func:`saturated_int64`)."""
     pattern = FAST_TIMESTAMPTZ if with_zone else FAST_TIMESTAMP
     slow = _not_fast(text, pattern)
     fast_text = pc.if_else(slow, pa.scalar(None, pa.string()), text)
     target = pa.timestamp("us", tz="UTC") if with_zone else pa.timestamp("us")
     fast = pc.cast(pc.cast(fast_text, target), pa.int64())
-    out = patch(fast, text, slow, lambda v: cal.parse_timestamp_micros(v, with_zone=with_zone))
+    out = patch(fast, text, slow, lambda v: saturated_int64(
+        cal.parse_timestamp_micros(v, with_zone=with_zone)))
     assert isinstance(out, pa.Int64Array)
     return out
 
@@ -257,7 +268,8 @@ class TimestampTzConverter(BaseConverter):
         slow = _not_fast(values, FAST_ZONED)
         fast_text = pc.if_else(slow, pa.scalar(None, pa.string()), values)
         fast = pc.cast(pc.cast(fast_text, pa.timestamp("us", tz="UTC")), pa.int64())
-        micros = patch(fast, values, slow, cal.parse_iso_utc_micros)
+        micros = patch(fast, values, slow,
+                       lambda v: saturated_int64(cal.parse_iso_utc_micros(v)))
         return pc.cast(clamp_silver_micros(micros), pa.timestamp("us", tz="UTC"))
 
     def bronze_placeholder(self) -> pa.Scalar | None:
