@@ -31,10 +31,15 @@ file the same way; no process waits for a lock while holding one another waits f
 batch opens the run's file before the index and commits both together). A crash of the
 process (SIGKILL, power loss) loses the events of the open transactions: at most
 :data:`BATCH_EVENTS` materializations and check evaluations, whose data is already
-committed. Nothing depends on them: the run is marked failed, after which the next capture
-run catches every silver up, the capture's LSN range is an observation (committed at once),
-and the checks are evaluated again by the next run or sweep. A commit that fails is raised
-by the next write or at the end of the block, naming the events it lost.
+committed. The capture does not depend on them: the run is marked failed, after which the
+next capture run catches every silver up; a lean run's LSN range is an observation
+(committed at once); checks are evaluated again by the next run or sweep. One check reads
+them: ``lsn_windows_contiguous`` chains asset-job and incremental-snapshot runs by the
+ranges on their bronze materializations; a crash while such a run reports loses the ranges
+of the tables not reported yet on Dagster's own path too, and with a batch up to
+:data:`BATCH_EVENTS` more, for which the check then reports a gap, as after any such crash.
+A commit that fails is raised by the next write or at the end of the block, naming the
+events it lost.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ The events, their order and their content are unchanged. On PostgreSQL every wri
 committed before ``log_event`` returns. On SQLite this process reads its own writes at once
 (its reads go through the same connections) while other processes (the webserver, a sensor,
 a second run) see a batched materialization or check evaluation at most 0.25 s after it was
-logged, in order; a crash loses the open batch (see :mod:`assets.event_batches` for why
-nothing depends on it). After the block the storage's own methods and engine are back (even
+logged, in order; a crash loses the open batch (see :mod:`assets.event_batches` for what
+reads those events). After the block the storage's own methods and engine are back (even
 when the block raised), everything pending is committed and the files are released.
 
 Dagster's private names relied on (``dagster`` 1.13.27, pinned; checked before use, and when
