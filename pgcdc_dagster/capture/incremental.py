@@ -108,8 +108,15 @@ def apply_signal(settings: CaptureSettings, signal: Signal, *,
         ctxs = list(contexts) if contexts is not None else load_contexts(settings)
         by_name = {c.relation.qualified: c for c in ctxs}
         tables = matching_tables(signal.data_collections, by_name)
+        # Debezium warns about a data-collection it does not know and snapshots the others:
+        # so do we, naming each entry that matches no captured table.
+        unmatched = [p for p in signal.data_collections if not matching_tables([p], by_name)]
+        missing = (f"no captured table matches {', '.join(map(repr, unmatched))}"
+                   if unmatched else "")
+        if missing:
+            log.warning("signal %s: %s (left out)", signal.id, missing)
         if not tables:
-            return SignalOutcome(signal, [], "no captured table matches data-collections")
+            return SignalOutcome(signal, [], missing or "no data-collections")
         fresh = []
         with connection(settings.dsn) as conn:
             for name in tables:
@@ -128,7 +135,8 @@ def apply_signal(settings: CaptureSettings, signal: Signal, *,
                     signal_id=signal.id, estimated_rows=estimated_rows(conn, *name)))
         for p in fresh:
             store.save(p)
-        return SignalOutcome(signal, [p.table for p in fresh], "snapshot requested")
+        return SignalOutcome(signal, [p.table for p in fresh], "snapshot requested"
+                             + (f"; {missing} (left out)" if missing else ""))
     changed = []
     for p in store.all():
         if signal.type == "stop-snapshot":

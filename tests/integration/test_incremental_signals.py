@@ -60,10 +60,21 @@ def test_signal_table_channel_with_additional_conditions(settings, pg_conn, lake
 def test_surrogate_key_and_dagster_channel(settings, lakehouse) -> None:
     sig = signal_from_config("run-1", "execute-snapshot",
                              {"data-collections": ["public\\.ord.*"], "surrogate-key": "code"})
-    apply_signal(settings, sig, chunk_size=50)
+    outcome = apply_signal(settings, sig, chunk_size=50)
+    assert outcome.note == "snapshot requested"
     report = run_incremental(settings)
     assert report.tables[0].chunks_done == 4
     assert _bronze_keys(lakehouse) == set(range(1, 201))
+    # QA: an entry that matches no captured table is named, the others still start (it
+    # was dropped without a word); when none matches, each entry is named.
+    typo = apply_signal(settings, signal_from_config("run-3", "execute-snapshot", {
+        "data-collections": ["public.orders", "public.order", 'x."y z"']}))
+    assert typo.tables == ["public.orders"]
+    assert typo.note == ("snapshot requested; no captured table matches 'public.order', "
+                         "'x.\"y z\"' (left out)")
+    none = apply_signal(settings, signal_from_config("run-4", "execute-snapshot", {
+        "data-collections": ["public.nope"]}))
+    assert (none.tables, none.note) == ([], "no captured table matches 'public.nope'")
     with pytest.raises(ConfigurationError, match="surrogate-key 'nope'"):
         apply_signal(settings, signal_from_config("run-2", "execute-snapshot", {
             "data-collections": ["public.orders"], "surrogate-key": "nope"}))
