@@ -121,7 +121,7 @@ class Batch:
         if conn is None:
             conn = self._conns[shard] = self._engines[shard].connect()
         if shard not in self._txs:
-            self._txs[shard] = conn.begin()
+            self._txs[shard] = conn.begin()  # waits for the lock up to the busy timeout
             self._changes[shard] = self._total_changes(conn)
             if self._since is None:
                 self._since = time.monotonic()
@@ -170,13 +170,12 @@ class Batch:
                 with contextlib.suppress(Exception):
                     if tx.is_active:
                         tx.rollback()
-            self._failed = BatchCommitFailed(
-                f"{pending} Dagster event(s) of run {self._run_id} were not stored: the "
-                f"commit of their batch failed ({type(exc).__name__}: {exc}); the run's "
-                "materializations and check evaluations since the previous commit are "
-                "missing from the event log")
-            self._failed.__cause__ = exc
-            raise self._failed from exc
+            raise BatchCommitFailed(
+                f"{pending} Dagster event(s) of run {self._run_id} were not stored (or only "
+                f"in the run's own file): the commit of their batch failed "
+                f"({type(exc).__name__}: {exc}); the run's materializations and check "
+                "evaluations since the previous commit are missing from the event log"
+            ) from exc
 
     def _raise_failed(self) -> None:
         if self._failed is not None:
@@ -189,8 +188,9 @@ class Batch:
                 if self._old():
                     try:
                         self._commit()
-                    except BatchCommitFailed:
+                    except BatchCommitFailed as exc:  # raised by the next write, or close
                         log.warning("event batch commit failed", exc_info=True)
+                        self._failed = exc
 
     def close(self) -> None:
         """Commit what is pending, release the files (also when the block raised)."""

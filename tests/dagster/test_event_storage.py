@@ -721,3 +721,40 @@ def test_each_event_is_serialized_once_and_only_as_dagster_would(
     with event_memo.memo_installed(), event_memo.serialized_once(entry):
         assert storage_serializes(records[1]) == serialize_value(records[1])
     assert event_memo._record_checked is False
+
+
+@dg.op
+def report_past_a_locked_index(context: dg.OpExecutionContext) -> None:
+    """Another process holds the index's write lock longer than the busy timeout: that event
+    fails as on Dagster's own path (its row in the run's file stays), the next is stored."""
+    storage: Any = context.instance.event_log_storage
+    with event_files_held(context.instance, context.run_id):
+        context.log_event(dg.AssetMaterialization(asset_key=["bronze", "l", "before"]))
+        other = sqlite3.connect(storage.path_for_shard("index"), isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(Exception, match="locked"):
+                context.log_event(dg.AssetMaterialization(asset_key=["bronze", "l", "locked"]))
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        context.log_event(dg.AssetMaterialization(asset_key=["bronze", "l", "after"]))
+
+
+@dg.job
+def locked_index() -> None:
+    report_past_a_locked_index()
+
+
+def test_a_write_lock_held_past_the_busy_timeout_fails_one_event(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_event_log, "SQLITE_BUSY_TIMEOUT_SECONDS", 0.5)
+    home = _home(tmp_path)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        result = locked_index.execute_in_process(instance=instance)
+        assert result.success
+        assert _seen_by(instance, result.run_id) == ["before", "locked", "after"]
+        for name, stored in (("before", True), ("locked", False), ("after", True)):
+            records = instance.fetch_materializations(dg.AssetKey(["bronze", "l", name]),
+                                                      limit=5).records
+            assert bool(records) is stored, name
