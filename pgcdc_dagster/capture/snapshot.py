@@ -556,7 +556,7 @@ class _SnapshotRun:
             if tasks:  # the first Spark job: wait for the session here, not before
                 self._mark("spark needed")
                 report.spark_tasks = run_chunks(
-                    self.spark.get(), tasks, on_result,
+                    self.spark.tasks(), tasks, on_result,
                     parallelism=self.settings.snapshot_max_threads, proceed=proceed,
                     on_drained=drained)
                 self._mark("chunks read")

@@ -14,9 +14,11 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, Union
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 _LOCAL = re.compile(r"^local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$")
@@ -35,32 +37,51 @@ def local_parallelism(master: str) -> int | None:
     return max(1, int(slots))
 
 
+class HasContext(Protocol):
+    """What Python-task work (snapshot chunks) needs: a Spark context. A session has one;
+    :meth:`LazySpark.tasks` gives one without building the SQL session."""
+
+    @property
+    def sparkContext(self) -> SparkContext: ...
+
+
+@dataclass(frozen=True)
+class ContextOnly:
+    """A Spark context where a session is not needed (:class:`HasContext`)."""
+
+    sparkContext: SparkContext
+
+
 class LazySpark:
     """A Spark session built on first need, optionally in the background.
 
     ``build`` creates the session (it runs at most once); ``master`` lets the task slots of
     a local master be known without starting the JVM (planning needs them before the session
-    is up). ``on_ready`` hooks run on the building thread once the session exists (the
+    is up). ``on_ready`` hooks run on the building thread once the context exists (the
     snapshot starts its Python workers there). ``quick_build``, when given, is what a start
-    for work done by Python tasks uses (:meth:`start` with ``quick``): a session whose JVM
-    starts sooner because it compiles less (``build_session(quick_start=True)``).
+    for work done by Python tasks uses (:meth:`start` with ``quick``): the Spark **context**
+    alone, on a JVM that starts sooner because it compiles less
+    (``build_context(quick_start=True)``); :meth:`tasks` hands it out, and :meth:`get`
+    builds the SQL session on it only when something asks for one.
     """
 
     def __init__(self, build: Callable[[], SparkSession], master: str | None = None,
-                 quick_build: Callable[[], SparkSession] | None = None) -> None:
+                 quick_build: Callable[[], SparkContext] | None = None) -> None:
         self._build = build
         self._quick_build = quick_build
         self._master = master
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._session: SparkSession | None = None
+        self._context: SparkContext | None = None
         self._error: BaseException | None = None
-        self._on_ready: list[Callable[[SparkSession], object]] = []
+        self._on_ready: list[Callable[[HasContext], object]] = []
         self.requested_at: float | None = None
         """``time.monotonic()`` when the background build started (None: not started, or a
         session that already existed)."""
         self.ready_at: float | None = None
-        """``time.monotonic()`` when the session built by this handle was ready."""
+        """``time.monotonic()`` when the context (or session) built by this handle was
+        ready."""
         self.events: list[tuple[str, float]] = []
         """What happened to the session after it was ready (``workers ready``: its Python
         workers started), noted by its ``on_ready`` hooks (:meth:`note`)."""
@@ -70,6 +91,7 @@ class LazySpark:
         """A handle on a session that already exists."""
         handle = cls(lambda: session)
         handle._session = session
+        handle._context = session.sparkContext
         return handle
 
     @classmethod
@@ -80,18 +102,18 @@ class LazySpark:
     @property
     def created(self) -> bool:
         """True once the session exists (or its build started: the JVM is being paid for)."""
-        return self._session is not None or self._thread is not None
+        return self._context is not None or self._thread is not None
 
-    def start(self, on_ready: Callable[[SparkSession], object] | None = None, *,
+    def start(self, on_ready: Callable[[HasContext], object] | None = None, *,
               quick: bool = False) -> None:
         """Build the session in the background (no-op once built or building).
 
-        ``on_ready`` runs once the session exists: on the building thread, or at once when
-        the session is already there. ``quick``: the run's Spark work is Python tasks
-        (snapshot chunks), so the first start may use ``quick_build``.
+        ``on_ready`` runs once the context exists: on the building thread, or at once when
+        it is already there. ``quick``: the run's Spark work is Python tasks (snapshot
+        chunks), so the first start may use ``quick_build`` (the context alone).
         """
         with self._lock:
-            if self._session is not None:
+            if self._context is not None:
                 run_now = on_ready
             else:
                 run_now = None
@@ -99,26 +121,63 @@ class LazySpark:
                     self._on_ready.append(on_ready)
                 if self._thread is None:
                     self.requested_at = time.monotonic()
-                    build = self._quick_build if quick and self._quick_build else self._build
-                    self._thread = threading.Thread(target=self._run, args=(build,),
+                    quick_build = self._quick_build if quick else None
+                    self._thread = threading.Thread(target=self._run, args=(quick_build,),
                                                     name="pgcdc-spark-start", daemon=True)
                     self._thread.start()
         if run_now is not None:
-            run_now(self._session)  # type: ignore[arg-type]
+            run_now(self._holder())
 
-    def _run(self, build: Callable[[], SparkSession]) -> None:
+    def _run(self, quick_build: Callable[[], SparkContext] | None) -> None:
         try:
-            session = build()
+            if quick_build is not None:
+                context = quick_build()
+            else:
+                self._session = self._build()
+                context = self._session.sparkContext
         except BaseException as exc:  # re-raised by get() on the thread that needs Spark
             self._error = exc
             return
         self.ready_at = time.monotonic()
-        self._session = session
+        self._context = context
         for hook in self._on_ready:
             try:
-                hook(session)
+                hook(self._holder())
             except Exception:  # best effort (e.g. warming workers): get() still works
                 pass
+
+    def _holder(self) -> HasContext:
+        if self._session is not None:
+            return self._session
+        assert self._context is not None
+        return ContextOnly(self._context)
+
+    def _wait(self) -> None:
+        """Wait for the background build (starting a full one if none was asked for)."""
+        if self._context is not None:
+            return
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def tasks(self) -> HasContext:
+        """The context, for work that is only Python tasks: waits for a background build
+        (or builds the session now) but builds no SQL session on a quick one."""
+        self._wait()
+        return self._holder()
+
+    def get(self) -> SparkSession:
+        """The session: waits for a background build, or builds it now (on the context of
+        a quick build: the SQL session only now)."""
+        if self._session is not None:
+            return self._session
+        self._wait()
+        with self._lock:
+            if self._session is None:
+                self._session = self._build()
+        return self._session
 
     def note(self, event: str) -> None:
         """Record ``event`` as happening now (thread-safe: hooks run on other threads)."""
@@ -131,25 +190,13 @@ class LazySpark:
                  if at is not None]
         return marks + list(self.events)
 
-    def get(self) -> SparkSession:
-        """The session: waits for a background build, or builds it now."""
-        if self._session is not None:
-            return self._session
-        self.start()
-        assert self._thread is not None
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._session is not None
-        return self._session
-
     def parallelism(self) -> int:
         """Tasks the session runs at once; known from a local master without a JVM."""
-        if self._session is None and self._master is not None:
+        if self._context is None and self._master is not None:
             local = local_parallelism(self._master)
             if local is not None:
                 return local
-        return max(1, int(self.get().sparkContext.defaultParallelism))
+        return max(1, int(self.tasks().sparkContext.defaultParallelism))
 
 
 SparkLike = Union["SparkSession", LazySpark]

@@ -21,10 +21,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pgcdc_dagster.spark.lazy import LazySpark
-from pgcdc_dagster.spark.session import build_session
+from pgcdc_dagster.spark.session import build_context, build_session
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pgcdc_dagster.spark.lazy import HasContext
 
 PRESTART_JOB = "initial_snapshot"
 """The job whose process starts Spark before the run (its snapshot step reads chunks)."""
@@ -50,7 +50,7 @@ def shared_handle(master: str, app_name: str = DEFAULT_APP_NAME,
         if handle is None:
             handle = LazySpark(
                 lambda: build_session(master, app_name, settings, driver_memory), master,
-                quick_build=lambda: build_session(master, app_name, settings, driver_memory,
+                quick_build=lambda: build_context(master, app_name, settings, driver_memory,
                                                   quick_start=True))
             _HANDLES[key] = handle
         return handle
@@ -126,7 +126,7 @@ def prestart(master: str, app_name: str = DEFAULT_APP_NAME,
     them (the workers are started by :func:`_warm_workers` once the session is up)."""
     handle = shared_handle(master, app_name, conf, driver_memory)
 
-    def warm(spark: SparkSession) -> object:
+    def warm(spark: HasContext) -> object:
         from pgcdc_dagster.spark.snapshot_tasks import warm_workers
 
         return warm_workers(spark, note=handle.note)

@@ -58,7 +58,7 @@ from pgcdc_dagster.postgres.snapshot_read import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pgcdc_dagster.spark.lazy import HasContext
 
 ROW_GROUP_BYTES = 8 << 20
 """Text bytes converted and written as one Parquet row group."""
@@ -497,7 +497,7 @@ _WARMED: set[str] = set()
 """Applications whose Python workers were started (one warm-up per Spark application)."""
 
 
-def warm_workers(spark: SparkSession, note: Callable[[str], None] | None = None
+def warm_workers(spark: HasContext, note: Callable[[str], None] | None = None
                  ) -> threading.Thread | None:
     """Start the Python workers (and import this module in them) in the background;
     ``note("workers ready")`` once they ran their first task (the snapshot's timeline).
@@ -595,7 +595,7 @@ def run_unit(unit: Unit) -> list[ChunkResult]:
     return results
 
 
-def run_chunks(spark: SparkSession, tasks: Sequence[Unit],
+def run_chunks(spark: HasContext, tasks: Sequence[Unit],
                on_result: Callable[[ChunkResult], None], *, parallelism: int = 0,
                proceed: Callable[[ChunkTask], bool] = lambda _task: True,
                on_drained: Callable[[], None] | None = None) -> int:
@@ -626,7 +626,7 @@ def run_chunks(spark: SparkSession, tasks: Sequence[Unit],
     return spark_tasks(spark, group)
 
 
-def spark_tasks(spark: SparkSession, group: str) -> int:
+def spark_tasks(spark: HasContext, group: str) -> int:
     """Tasks of the jobs of a job group, as Spark's status tracker counts them."""
     tracker = spark.sparkContext.statusTracker()
     total = 0
@@ -638,7 +638,7 @@ def spark_tasks(spark: SparkSession, group: str) -> int:
     return total
 
 
-def _run_one_job(spark: SparkSession, group: str, tasks: Sequence[Unit],
+def _run_one_job(spark: HasContext, group: str, tasks: Sequence[Unit],
                  on_result: Callable[[ChunkResult], None],
                  proceed: Callable[[ChunkTask], bool], drained: Callable[[], None]) -> None:
     sc = spark.sparkContext
@@ -689,7 +689,7 @@ def _run_one_job(spark: SparkSession, group: str, tasks: Sequence[Unit],
         raise failure[0]
 
 
-def _run_threaded(spark: SparkSession, group: str, tasks: Sequence[Unit],
+def _run_threaded(spark: HasContext, group: str, tasks: Sequence[Unit],
                   on_result: Callable[[ChunkResult], None], workers: int,
                   proceed: Callable[[ChunkTask], bool], drained: Callable[[], None]) -> None:
     sc = spark.sparkContext

@@ -19,8 +19,11 @@ pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = """
-from pgcdc_dagster.spark.session import build_session
-early = build_session("local[1]", app_name="early")
+from pgcdc_dagster.spark.session import build_context, build_session
+context = build_context("local[1]", app_name="early", quick_start=True)  # a snapshot's start
+early = build_session("local[1]", app_name="early")  # the SQL session, later, on it
+assert early.sparkContext is context
+assert early.conf.get("spark.sql.session.timeZone") == "UTC"  # the settings are the session's
 assert early.sparkContext.master == "local[1]"
 run = build_session("local[2]", app_name="run")
 assert run.sparkContext.master == "local[2]", run.sparkContext.master

@@ -29,12 +29,20 @@ def test_workers_are_forked_from_a_daemon_that_imported_the_chunk_reader(
     sc = spark.sparkContext
     assert sc.getConf().get(DAEMON_MODULE_CONF) == worker_daemon.DAEMON_MODULE
     monkeypatch.setattr(snapshot_tasks, "_WARMED", set())  # as for a new application
-    handle = LazySpark.ready(spark)
+    # A quick start hands out the context; the SQL session is built only when asked for.
+    built: list[str] = []
+    handle = LazySpark(lambda: built.append("session") or spark,  # type: ignore[func-returns-value]
+                       "local[2]", quick_build=lambda: sc)
+    handle.start(quick=True)
+    assert handle.tasks().sparkContext is sc and built == []
+    assert handle.get() is spark and built == ["session"]
+    assert handle.get() is spark and built == ["session"]  # once
     # Started by the snapshot as soon as the session is up; noted in its timeline.
     thread = warm_workers(spark, note=handle.note)
     assert thread is not None and warm_workers(spark, note=handle.note) is None  # once
     thread.join(120)
-    assert [event for event, _ in handle.timeline()] == ["workers ready"]
+    assert [event for event, _ in handle.timeline()] == ["spark start", "spark ready",
+                                                         "workers ready"]
     slots = max(1, int(sc.defaultParallelism))
     seen = sc.parallelize(range(slots * 2), slots * 2).map(_inherited).collect()
     for pid, parent, preloaded_in, decoder in seen:
