@@ -46,8 +46,9 @@ from pgcdc_dagster.names import resolve_table_id, splits
 
 META_SCHEMA = "_pgcdc"
 META_TABLES = ("messages", "transactions")
-"""``_pgcdc.<name>`` names these capture-wide tables (``bronze/_pgcdc``), never a source
-table of a schema ``_pgcdc`` (whose path is escaped, ``lake/paths.py``)."""
+"""``_pgcdc.<name>`` names these capture-wide tables (``bronze/_pgcdc``); a source table of a
+schema ``_pgcdc`` (whose path is escaped, ``lake/paths.py``) is named with the schema quoted,
+``"_pgcdc".messages`` (``export_table(..., source_table=True)``)."""
 
 
 def _ordered(table: pa.Table, limit: int | None) -> pa.Table:
@@ -63,21 +64,27 @@ def _ordered(table: pa.Table, limit: int | None) -> pa.Table:
     return table.slice(0, limit) if limit is not None else table
 
 
-def _bronze(lakehouse: str, schema: str, table: str) -> DeltaTable:
-    internal = schema == META_SCHEMA and table in META_TABLES
+def _internal(schema: str, table: str, source_table: bool) -> bool:
+    return not source_table and schema == META_SCHEMA and table in META_TABLES
+
+
+def _bronze(lakehouse: str, schema: str, table: str, internal: bool) -> DeltaTable:
     found = open_table(internal_uri(lakehouse, table) if internal
                        else table_uri(lakehouse, "bronze", schema, table))
     if found is None:
         raise ConfigurationError(
             f"no bronze table for {schema}.{table} under {lakehouse}; check --lakehouse and "
-            "--table (schema.table, or _pgcdc.messages / _pgcdc.transactions)")
+            "--table (schema.table, or _pgcdc.messages / _pgcdc.transactions"
+            + (f"; a source table of a schema _pgcdc is \"_pgcdc\".{table}" if internal
+               else "") + ")")
     return found
 
 
 def export_table(lakehouse: str, schema: str, table: str, *, limit: int | None = None,
                  topic_prefix: str | None = None, fmt: str = DEFAULT_FORMAT,
                  transaction_metadata: bool = False, binary_mode: str = "bytes",
-                 schema_name_adjustment: str = "none") -> Iterator[DebeziumRecord]:
+                 schema_name_adjustment: str = "none",
+                 source_table: bool = False) -> Iterator[DebeziumRecord]:
     """The bronze events of one table as Debezium records, in sequence order.
 
     Args:
@@ -90,15 +97,18 @@ def export_table(lakehouse: str, schema: str, table: str, *, limit: int | None =
         transaction_metadata: ``provide.transaction.metadata`` (fills ``transaction``).
         binary_mode: ``binary.handling.mode`` of message contents.
         schema_name_adjustment: ``schema.name.adjustment.mode`` (``none`` or ``avro``).
+        source_table: ``_pgcdc.messages`` / ``_pgcdc.transactions`` name a source table of a
+            schema ``_pgcdc``, not the capture-wide tables.
     """
-    delta = _bronze(lakehouse, schema, table)
+    internal = _internal(schema, table, source_table)
+    delta = _bronze(lakehouse, schema, table, internal)
     data = _ordered(delta.to_pyarrow_table(), limit)
-    if schema == META_SCHEMA and table == "messages":
+    if internal and table == "messages":
         for row in data.to_pylist():
             prefix = topic_prefix or row["source"]["name"]
             yield message_to_json(row, prefix, fmt=fmt, binary_mode=binary_mode)
         return
-    if schema == META_SCHEMA and table == "transactions":
+    if internal and table == "transactions":
         if topic_prefix is None:
             raise ConfigurationError("transaction records carry no source block; give "
                                      "--topic-prefix")
@@ -143,7 +153,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                     "schemas.enable=true).")
     parser.add_argument("--lakehouse", required=True, help="lakehouse root directory or URI")
     parser.add_argument("--table", required=True,
-                        help="schema.table, or _pgcdc.messages / _pgcdc.transactions")
+                        help="schema.table, or _pgcdc.messages / _pgcdc.transactions (a "
+                        "source table of a schema _pgcdc: \"_pgcdc\".messages)")
     parser.add_argument("--limit", type=int, default=None, help="first N events only")
     parser.add_argument("--topic-prefix", default=None,
                         help="topic.prefix (default: each event's source.name)")
@@ -161,11 +172,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream = out if out is not None else sys.stdout
     try:
         schema, table = _split_table(args.lakehouse, args.table)
+        # Only the plain spelling names a capture-wide table; "_pgcdc".messages is a source's.
+        plain = args.table.strip() in {f"{META_SCHEMA}.{t}" for t in META_TABLES}
         for record in export_table(
                 args.lakehouse, schema, table, limit=args.limit, topic_prefix=args.topic_prefix,
                 fmt=args.format, transaction_metadata=args.transaction_metadata,
                 binary_mode=args.binary_handling_mode,
-                schema_name_adjustment=args.schema_name_adjustment):
+                schema_name_adjustment=args.schema_name_adjustment, source_table=not plain):
             stream.write((dumps(record.value) if args.value_only else record.to_json_line())
                          + "\n")
     except ConfigurationError as exc:

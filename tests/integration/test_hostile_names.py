@@ -22,6 +22,8 @@ columns in both silver engines (Arrow on the driver, and Spark, selected by
 
 from __future__ import annotations
 
+import io
+import json
 import os
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot_state import progress_uri
 from pgcdc_dagster.capture.stream import capture_set_uri
 from pgcdc_dagster.cdc.metadata_events import TRANSACTIONS_SCHEMA
+from pgcdc_dagster.export import main as export_main
 from pgcdc_dagster.lake.paths import internal_uri, table_names, table_uri
 from pgcdc_dagster.lake.schema_history import HISTORY_SCHEMA, history_uri
 from tests.support.compare import assert_silver_equals_source
@@ -210,6 +213,15 @@ def test_hostile_names_converge_inside_the_lakehouse(pg_dsn, pg_conn, spark, tmp
         assert set(counts["_pgcdc.messages"]) == {"c", "u", "d"}
     assert Path(capture_set_uri(str(lake), "hostile")).is_dir()
     assert Path(progress_uri(str(lake), "hostile")).is_dir()
+    # QA: the export CLI reaches both: _pgcdc.messages is the capture's, the source table of
+    # schema _pgcdc is "_pgcdc".messages (it had no spelling: both read the capture's).
+    for name, ops in (("_pgcdc.messages", {"m"}), ('"_pgcdc".messages', {"c", "u", "d", "r"})):
+        out = io.StringIO()
+        assert export_main(["--lakehouse", str(lake), "--table", name, "--value-only"],
+                           out) == 0, name
+        events = [json.loads(line)["payload"] for line in out.getvalue().splitlines()
+                  if line != "null"]
+        assert {e["op"] for e in events} == ops, name
 
 
 @pytest.mark.parametrize("plugin", ["wal2json", "decoderbufs"])
