@@ -339,8 +339,10 @@ def postgres_connection_kept(instance: dg.DagsterInstance, answers: bool = True
 
 @contextlib.contextmanager
 def _answers_kept(storage: Any, memo: bool) -> Iterator[None]:
-    """:class:`KeptAnswers` as the storage's methods for the block (unless replaced already)."""
-    if any(name in vars(storage) for name in _PG_REPLACED):
+    """:class:`KeptAnswers` as the storage's methods for the block (unless replaced already,
+    or one of them is not a method of the storage's class)."""
+    if any(name in vars(storage) or not callable(getattr(type(storage), name, None))
+           for name in _PG_REPLACED):
         yield
         return
     answers = KeptAnswers(storage, memo)

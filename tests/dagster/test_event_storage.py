@@ -185,6 +185,9 @@ def report(context: dg.OpExecutionContext, config: ReportConfig) -> None:
         else contextlib.nullcontext(0)
     with held:
         SEEN["memo"] = sql_event_log_module.serialize_value is not serialize_value
+        SEEN["replaced"] = sorted(vars(context.instance.event_log_storage).keys() &
+                                  {"store_event", "has_table",
+                                   "_has_asset_key_index_cols_on_connection"})
         engine = getattr(context.instance.event_log_storage, "_engine", None)
         SEEN["postgres pool"] = type(engine.pool).__name__ if engine is not None else None
         if config.wait_dir:  # both reporters inside their blocks before either reports
@@ -357,6 +360,8 @@ def test_on_postgres_a_connection_is_kept_and_the_same_is_stored(pg_dsn: str,
         without = _stored(plain, _run(plain, held=False), "s")
         within = _stored(held, _run(held, held=True), "s")
         assert SEEN["memo"], "each event was serialized as often as before"
+        assert SEEN["replaced"] == ["_has_asset_key_index_cols_on_connection", "has_table",
+                                    "store_event"], "the answers were not kept"
         assert SEEN["postgres pool"] == "QueuePool", "no connection was kept"
         _expected_shape(without, "s")
         assert within == without
