@@ -13,8 +13,14 @@ any work (issue 16). The op instead reports, at run time:
 * the light checks (``lsn_windows_contiguous``, ``schema_matches_source``) of those tables
   and ``slot_healthy``, as ``AssetCheckEvaluation`` events of the asset checks;
 * one observation of ``source/replication_slot`` with the run's LSN range, whatever it
-  changed, first (as soon as the slot has moved): the LSN-window check chains the runs from
-  it.
+  changed, before the rest of the run's reports (as soon as the bronze step has moved the
+  slot): the LSN-window check chains the runs from it.
+
+The tables a snapshot commits are reported as each batch of them is committed, while Spark
+reads the others: the bronze step runs on a thread of its own (:func:`_bronze_in_thread`) and
+hands its log lines and committed tables to the op's thread, which writes every Dagster
+event; the stream starts only once they are all reported, and reports a table again only for
+what it wrote to it. The slot's observation comes when the bronze step has ended.
 
 Every table's silver catches up once when the run before did not leave every silver caught up
 (it failed, or it was an asset-job, UI or incremental-snapshot run): see
