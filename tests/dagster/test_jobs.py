@@ -127,6 +127,8 @@ def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path) 
     events = [item.rsplit(" ", 1)[0] for item in timeline[0].split(", ")]
     events.remove("spark ready")  # whenever the JVM is up: before the step, or during it
     assert events[:3] == ["spark start", "step start", "slot created"], timeline
+    # Its Python workers were started by the warm-up job, submitted ahead of the chunks'.
+    assert events.index("workers ready") < events.index("chunks read"), timeline
     # A micro-batch without Spark work starts no JVM (issue 16): with no Java to start, it
     # would fail. Idle first, then a few changes (far under the silver Spark threshold).
     no_java = {**env, "JAVA_HOME": str(tmp_path / "no-java")}
