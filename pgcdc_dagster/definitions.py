@@ -121,12 +121,15 @@ def discover_tables(dsn: str, include: Sequence[str], exclude: Sequence[str] = (
                     ) -> list[tuple[str, str]]:
     """The captured ``(schema, table)`` pairs, resolved against the source catalog.
 
-    Matched tables that cannot be captured are left out with a warning in the log (the
-    code location still loads; docs/operations.md, "Refusals and their fixes").
+    Matched tables that cannot be captured are left out (the code location still loads;
+    docs/operations.md, "Refusals and their fixes"). The load notes them at INFO, which a code
+    server's log shows; the warning is each bronze run's own, in its event log. Every process
+    that executes a run loads the code too, so a warning here printed it twice per run
+    (``dagster job execute``: once at the load, once from the run).
     """
     found = discover_capture(dsn, include, exclude, key_for=key_for, plugin=plugin)
     if found.skipped:
-        dg.get_dagster_logger("pgcdc_dagster").warning(found.warning())
+        dg.get_dagster_logger("pgcdc_dagster").info(found.warning())
     return [r.qualified for r in found.relations]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -114,11 +115,21 @@ def _dagster_job(env: dict[str, str], job: str, output: list[str] | None = None)
 
 
 def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path) -> None:
-    with pg_conn.cursor() as cur:
-        cur.execute(SETUP)
+    with pg_conn.cursor() as cur:  # notes: matched, but keyless, so left out with a warning
+        cur.execute(SETUP + "CREATE TABLE notes (body text); INSERT INTO notes VALUES ('x');")
     env = _cli_env(pg_dsn, lakehouse, tmp_path / "dagster_home")
     lines: list[str] = []
     _dagster_job(env, "initial_snapshot", lines)
+    # The warning about the table left out: once on the terminal and once in the run's
+    # events (the code's load, which every run's process does, notes it at INFO only).
+    warning = "1 table(s) matched by the include list are left out of capture"
+    assert sum(warning in line for line in lines) == 1, [x for x in lines if warning in x]
+    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        run = instance.get_runs(limit=1)[0]
+        logged = [e for e in instance.all_logs(run.run_id)
+                  if warning in (e.user_message or "")]
+    assert [e.level for e in logged] == [logging.WARNING]
+    assert "public.notes: no primary key" in logged[0].user_message
     # The process started the JVM while Dagster loaded the code and created the run: before
     # the snapshot step began (issue 16; marks in order, from the step's own timeline).
     timeline = [line.split("snapshot timeline (s from the step's start): ")[1]

@@ -84,9 +84,10 @@ def test_unusual_names_and_unusable_tables(pg_dsn, pg_conn, spark, lakehouse, mo
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("PGCDC_TABLES", raising=False)
 
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         loaded = defs()  # the default include list: every table
-    warning = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    # noted at INFO by the load; each run warns (every run's process loads the code)
+    warning = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
     assert "2 table(s) matched by the include list are left out" in warning
     for (_, table), reason in UNUSABLE.items():
         assert f"public.{table}: " in warning and reason in warning
@@ -298,4 +299,6 @@ def test_the_cli_loads_the_location_and_selects_an_escaped_key(pg_dsn, pg_conn,
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["bronze/public/x__my_20_table"]
-    assert "public.keyless: no primary key" in proc.stderr
+    # the table left out is noted at INFO by the load (a code server's log shows it; each
+    # run warns): not a warning on a CLI's terminal, which printed it twice per run
+    assert "Traceback" not in proc.stderr and "WARNING" not in proc.stderr, proc.stderr
