@@ -197,3 +197,54 @@ def test_stream_after_the_snapshot_is_reported_apart(pg_dsn, pg_conn, lakehouse,
     for name in ("a", "b"):
         assert_silver_equals_source(pg_conn, table_uri(str(lakehouse), "silver", "public", name),
                                     "public", name, ["id"])
+
+
+def test_a_failing_report_stops_the_snapshot(pg_dsn, pg_conn, lakehouse, monkeypatch) -> None:
+    """The op's thread fails while reporting the first tables (say, the event storage): the
+    run fails with that error, the bronze thread stops at its next hand-over instead of
+    reading on, and the next run finishes the snapshot exactly once."""
+    with pg_conn.cursor() as cur:
+        for name in TABLES:
+            cur.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, note text); INSERT INTO "
+                        f"{name} SELECT g, repeat('n', 40) FROM generate_series(1, {ROWS}) g; "
+                        f"ANALYZE {name}")
+    real = capture_run._Reporter.report
+    calls: list[int] = []
+
+    def report(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("event storage unavailable")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(capture_run._Reporter, "report", report)
+    defs = build_definitions([("public", t) for t in TABLES], {
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "lakehouse": LakehouseResource(root=str(lakehouse)),
+        "capture": CaptureResource(tables=r"public\.t\d_.*", slot="dg_stop",
+                                   publication="dg_stop", snapshot_max_threads=1,
+                                   snapshot_chunk_bytes=1 << 20),
+        "spark": SparkResource(),
+    }, settings=MonitorSettings())
+    lake = str(lakehouse)
+    with dg.instance_for_test() as instance:
+        failed = defs.resolve_job_def("initial_snapshot").execute_in_process(
+            instance=instance, raise_on_error=False)
+        assert not failed.success
+        error = failed.failure_data_for_node("capture").error  # type: ignore[union-attr]
+        assert error is not None and error.cause is not None
+        assert "event storage unavailable" in error.cause.message
+        # The step stopped at its next hand-over (after the second table's commit at the
+        # latest): the last table was never committed. (A table committed after the failed
+        # report is not reported by this run nor the next: its events were never written.)
+        assert DeltaTable(table_uri(lake, "bronze", "public", "t1_first")).version() == 0
+        assert not DeltaTable.is_deltatable(table_uri(lake, "bronze", "public", "t3_bad"))
+        rerun = defs.resolve_job_def("cdc_microbatch").execute_in_process(instance=instance)
+        assert rerun.success
+        mats = _mats(instance, rerun.run_id)
+        assert "bronze/public/t3_bad" in mats and "bronze/public/t1_first" not in mats
+    for t in TABLES:
+        assert_silver_equals_source(pg_conn, table_uri(lake, "silver", "public", t),
+                                    "public", t, ["id"])
+        bronze = DeltaTable(table_uri(lake, "bronze", "public", t)).to_pyarrow_table()
+        assert bronze.num_rows == ROWS, f"{t}: each row captured exactly once"
