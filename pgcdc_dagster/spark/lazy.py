@@ -90,8 +90,7 @@ class LazySpark:
     def ready(cls, session: SparkSession) -> LazySpark:
         """A handle on a session that already exists."""
         handle = cls(lambda: session)
-        handle._session = session
-        handle._context = session.sparkContext
+        handle._session = session  # its context is read only when needed (None: no Spark)
         return handle
 
     @classmethod
@@ -102,7 +101,7 @@ class LazySpark:
     @property
     def created(self) -> bool:
         """True once the session exists (or its build started: the JVM is being paid for)."""
-        return self._context is not None or self._thread is not None
+        return self._up or self._thread is not None
 
     def start(self, on_ready: Callable[[HasContext], object] | None = None, *,
               quick: bool = False) -> None:
@@ -113,7 +112,7 @@ class LazySpark:
         chunks), so the first start may use ``quick_build`` (the context alone).
         """
         with self._lock:
-            if self._context is not None:
+            if self._up:
                 run_now = on_ready
             else:
                 run_now = None
@@ -146,6 +145,10 @@ class LazySpark:
             except Exception:  # best effort (e.g. warming workers): get() still works
                 pass
 
+    @property
+    def _up(self) -> bool:
+        return self._session is not None or self._context is not None
+
     def _holder(self) -> HasContext:
         if self._session is not None:
             return self._session
@@ -154,7 +157,7 @@ class LazySpark:
 
     def _wait(self) -> None:
         """Wait for the background build (starting a full one if none was asked for)."""
-        if self._context is not None:
+        if self._up:
             return
         self.start()
         assert self._thread is not None
@@ -192,7 +195,7 @@ class LazySpark:
 
     def parallelism(self) -> int:
         """Tasks the session runs at once; known from a local master without a JVM."""
-        if self._context is None and self._master is not None:
+        if not self._up and self._master is not None:
             local = local_parallelism(self._master)
             if local is not None:
                 return local
