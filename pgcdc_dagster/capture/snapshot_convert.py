@@ -42,7 +42,6 @@ files with the table's schema:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,7 +50,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc_dagster.cdc.changes import Relation
-from pgcdc_dagster.cdc.envelope import CONNECTOR_VERSION, SourceIdentity, relaxed
+from pgcdc_dagster.cdc.envelope import (
+    CONNECTOR_VERSION,
+    SourceIdentity,
+    relaxed,
+    sequence_text,
+)
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.parquet_layout import LOW_CARDINALITY, SAMPLE_ROWS
 from pgcdc_dagster.lake.parquet_layout import FileLayout as _FileLayout
@@ -164,7 +168,7 @@ class ChunkConverter:
         ms = processed_ms
         self._source_values: dict[str, Any] = {
             "version": CONNECTOR_VERSION, "connector": "postgresql", "name": ident.name,
-            "ts_ms": ms, "db": ident.db, "sequence": json.dumps([None, str(lsn)]),
+            "ts_ms": ms, "db": ident.db, "sequence": sequence_text(None, lsn),
             "ts_us": ms * 1000, "schema": relation.namespace, "table": relation.name,
             "txId": None, "lsn": lsn, "xmin": None,
         }

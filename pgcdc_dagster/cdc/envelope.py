@@ -247,6 +247,13 @@ def _floor_ms(us: pa.Array) -> pa.Array:
     return pc.divide(pc.subtract(us, pc.if_else(pc.less(us, 0), 999, 0)), 1000)
 
 
+def sequence_text(commit_lsn: int | None, lsn: int) -> str:
+    """``source.sequence`` of one event as Debezium's Jackson writes it: ``[null,"<lsn>"]``
+    (no space after the comma; seed 000 shows ``"[\\"24023119\\",\\"24023128\\"]"``)."""
+    return json.dumps([None if commit_lsn is None else str(commit_lsn), str(lsn)],
+                      separators=(",", ":"))
+
+
 def _sequence_strings(commit_lsn: pa.Array, lsn: pa.Array) -> pa.Array:
     """``source.sequence``: the JSON array ``["<commit lsn>","<lsn>"]`` per event."""
     return pc.binary_join_element_wise(
@@ -342,7 +349,7 @@ def bronze_from_snapshot(relation: Relation, converters: Sequence[ColumnConverte
         _const(CONNECTOR_VERSION, n, pa.string()), _const("postgresql", n, pa.string()),
         _const(ident.name, n, pa.string()), _const(processed_ms, n, pa.int64()),
         _const(snapshot, n, pa.string()), _const(ident.db, n, pa.string()),
-        _const(json.dumps([None, str(lsn)]), n, pa.string()),
+        _const(sequence_text(None, lsn), n, pa.string()),
         _const(processed_ms * 1000, n, pa.int64()),
         _const(relation.namespace, n, pa.string()), _const(relation.name, n, pa.string()),
         pa.nulls(n, pa.int64()), _const(lsn, n, pa.int64()), pa.nulls(n, pa.int64()),

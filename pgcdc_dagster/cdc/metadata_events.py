@@ -8,13 +8,17 @@ the events' ``transaction.id``, and on END the event count and per-table counts.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import pyarrow as pa
 
 from pgcdc_dagster.cdc.changes import LogicalMessage, TransactionInfo
-from pgcdc_dagster.cdc.envelope import CONNECTOR_VERSION, SOURCE_TYPE, SourceIdentity
+from pgcdc_dagster.cdc.envelope import (
+    CONNECTOR_VERSION,
+    SOURCE_TYPE,
+    SourceIdentity,
+    sequence_text,
+)
 from pgcdc_dagster.names import table_id
 
 MESSAGE_TYPE = pa.struct([pa.field("prefix", pa.string()), pa.field("content", pa.binary())])
@@ -58,7 +62,7 @@ def message_rows(messages: Sequence[LogicalMessage], ident: SourceIdentity,
         pa.array([CONNECTOR_VERSION] * n), pa.array(["postgresql"] * n),
         pa.array([ident.name] * n), pa.array(ts, pa.int64()), pa.array(["false"] * n),
         pa.array([ident.db] * n),
-        pa.array([json.dumps([str(m.commit_lsn), str(m.lsn)]) for m in messages]),
+        pa.array([sequence_text(m.commit_lsn, m.lsn) for m in messages]),
         pa.array([t * 1000 for t in ts], pa.int64()),
         pa.array([""] * n), pa.array([""] * n),
         pa.array([m.xid for m in messages], pa.int64()),
