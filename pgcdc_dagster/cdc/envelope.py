@@ -8,6 +8,7 @@ by the placeholder, so silver never writes the placeholder over the stored value
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -202,6 +203,34 @@ def _key(relation: Relation, image: pa.StructArray, key_struct: pa.StructType) -
     return pa.StructArray.from_arrays(arrays, fields=list(key_struct), mask=image.is_null())
 
 
+def fill_unchanged_from_old(seg: TableChanges) -> TableChanges:
+    """Unchanged TOAST values of an update taken from its full old row (STR-48, TYPE-17).
+
+    Under REPLICA IDENTITY FULL pgoutput sends the whole old row ('O', its TOAST values
+    included), yet marks the new row's unchanged TOAST columns 'u' all the same; the seeds
+    (Debezium's documentation) have FULL-identity TOAST columns "in before and after like any
+    other column", so ``after`` holds the old row's value, not the placeholder. A key-only old
+    tuple ('K') holds NULLs for the other columns, never their values: left alone (as is a
+    segment that does not say which kind its old tuples are).
+    """
+    if len(seg.before_key_only) != len(seg) or seg.before.count(None) == len(seg.before):
+        return seg
+    after = seg.after
+    for i, (op, old, new) in enumerate(zip(seg.op, seg.before, seg.after, strict=True)):
+        if op != "u" or old is None or new is None or seg.before_key_only[i] \
+                or UNCHANGED_TOAST not in new:
+            continue
+        if after is seg.after:
+            after = list(seg.after)
+        after[i] = tuple(o if v is UNCHANGED_TOAST and o is not UNCHANGED_TOAST else v
+                         for v, o in zip(new, old, strict=True))
+    if after is seg.after:
+        return seg
+    out = copy.copy(seg)
+    out.after = after
+    return out
+
+
 def split_key_changes(seg: TableChanges) -> TableChanges:
     """Turn each update that changed the key into a delete of the old key plus a create.
 
@@ -272,7 +301,7 @@ def bronze_from_changes(seg: TableChanges, converters: Sequence[ColumnConverter]
     With ``tombstones`` (Debezium ``tombstones.on.delete``) every delete is followed by a
     tombstone row: the same key, ``op``, ``before`` and ``after`` null (STR-70).
     """
-    seg = split_key_changes(seg)
+    seg = split_key_changes(fill_unchanged_from_old(seg))
     relation = seg.relation
     schema = bronze_schema(relation, converters)
     value = value_type(converters)

@@ -19,12 +19,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from pgcdc_dagster.capture.runner import run_bronze
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_contexts
 from pgcdc_dagster.cdc.debezium_json import FORMATS, table_codec
 from pgcdc_dagster.export import export_table, main
+from pgcdc_dagster.lake.paths import table_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -106,6 +108,11 @@ def captured(pg_dsn, pg_conn, spark, lakehouse):
             CREATE TABLE prices (id int PRIMARY KEY, amount numeric(10,2), ratio real,
                 tags text[], raw bytea, at timestamptz);
             ALTER TABLE prices REPLICA IDENTITY FULL;
+            CREATE TABLE docs (id int PRIMARY KEY, n int, body text);
+            ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL, REPLICA IDENTITY FULL;
+            CREATE TABLE notes (LIKE docs INCLUDING ALL);  -- REPLICA IDENTITY DEFAULT
+            INSERT INTO docs SELECT g, g, repeat(g::text, 9000) FROM generate_series(1, 2) g;
+            INSERT INTO notes SELECT * FROM docs;
             INSERT INTO customers (first_name, last_name, email)
                 VALUES ('Anne', 'Kretchmar', 'annek@noanswer.org');
             INSERT INTO prices VALUES (1, 12.34, 1.1, '{a,NULL}', '\\x00ff',
@@ -128,6 +135,9 @@ def captured(pg_dsn, pg_conn, spark, lakehouse):
         cur.execute("DELETE FROM customers WHERE id = 1")
         cur.execute("SELECT pg_logical_emit_message(false, 'foo', '\\x00ff'::bytea)")
         cur.execute("TRUNCATE prices")
+        for table in ("docs", "notes"):  # the TOAST column unchanged, then a key change
+            cur.execute(f"UPDATE {table} SET n = 10 WHERE id = 1")
+            cur.execute(f"UPDATE {table} SET id = 3 WHERE id = 2")
     run_bronze(settings, spark, force_snapshot_step=False)
     return settings, db
 
@@ -279,7 +289,6 @@ def test_export_from_metadata_equals_export_from_converters(captured):
     settings, _ = captured
     ctx = next(c for c in load_contexts(settings) if c.relation.name == "prices")
     codec = table_codec(ctx.relation, ctx.converters, PREFIX)
-    from deltalake import DeltaTable
 
     rows = DeltaTable(ctx.bronze_uri).to_pyarrow_table().sort_by("__commit_lsn").to_pylist()
     exported = list(export_table(settings.lakehouse, "public", "prices"))
@@ -326,3 +335,36 @@ def test_command_line_process_exits_cleanly(captured):
                           stderr=subprocess.PIPE, text=True) as piped:
         out, err = piped.communicate(timeout=120)
     assert len(out.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_unchanged_toast_by_replica_identity(captured):
+    """STR-48/49, TYPE-17: an unchanged TOAST column (``body``, 18 kB out of line) is in
+    ``after`` like any column under REPLICA IDENTITY FULL (pgoutput sends the whole old row,
+    yet marks the new row's column unchanged), and the placeholder under DEFAULT; a key
+    change is a delete of the old key and a create of the new one (STR-73), whose ``body`` is
+    likewise the value (FULL) or the placeholder (DEFAULT)."""
+    settings, _ = captured
+    body = {1: "1" * 9000, 2: "2" * 9000}
+    for table, full in (("docs", True), ("notes", False)):
+        records = list(export_table(settings.lakehouse, "public", table))
+        events = [(r.key["payload"]["id"], r.value["payload"]) for r in records if r.value]
+        assert [(k, e["op"]) for k, e in events] == [(1, "r"), (2, "r"), (1, "u"), (2, "d"),
+                                                     (3, "c")]
+        _, update = events[2]
+        _, delete = events[3]
+        _, create = events[4]
+        if full:
+            assert update["before"] == {"id": 1, "n": 1, "body": body[1]}
+            assert update["after"] == {"id": 1, "n": 10, "body": body[1]}
+            assert delete["before"] == {"id": 2, "n": 2, "body": body[2]}
+            assert create["after"] == {"id": 3, "n": 2, "body": body[2]}
+        else:
+            assert update["before"] is None
+            assert update["after"] == {"id": 1, "n": 10, "body": "__debezium_unavailable_value"}
+            assert delete["before"] == {"id": 2, "n": None, "body": None}
+            assert create["after"] == {"id": 3, "n": 2, "body": "__debezium_unavailable_value"}
+        # bronze records which columns it could not fill (silver keeps their stored value)
+        bronze = DeltaTable(table_uri(settings.lakehouse, "bronze", "public", table))
+        kept = [r["__toast_unchanged"] for r in bronze.to_pyarrow_table().to_pylist()
+                if r["op"] in ("u", "c")]
+        assert kept == ([None, None] if full else [["body"], ["body"]]), table
