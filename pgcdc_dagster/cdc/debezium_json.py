@@ -135,10 +135,22 @@ _CONNECT_TYPE_NAMES = {"float": "float32", "double": "float64"}
 """JsonConverter's floating type names back to Connect's ``Schema.Type`` spelling."""
 
 
+_PARAMETER_ORDER = ("scale", "connect.decimal.precision", f"{PROPAGATED_PREFIX}type",
+                    f"{PROPAGATED_PREFIX}length", f"{PROPAGATED_PREFIX}scale")
+"""Schema parameters in the order Debezium adds them (Decimal's, then the propagated source
+type's); others keep their place after these."""
+
+
+def _parameter_rank(item: tuple[str, str]) -> int:
+    name = item[0]
+    return _PARAMETER_ORDER.index(name) if name in _PARAMETER_ORDER else len(_PARAMETER_ORDER)
+
+
 def schema_from_json(schema: Mapping[str, Any]) -> ConnectSchema:
     """A :class:`ConnectSchema` from its JsonConverter form (inverse of ``json_schema``)."""
     kind = _CONNECT_TYPE_NAMES.get(str(schema["type"]), str(schema["type"]))
-    params = tuple((str(k), str(v)) for k, v in (schema.get("parameters") or {}).items())
+    params = tuple(sorted(((str(k), str(v)) for k, v in (schema.get("parameters") or {}).items()),
+                          key=_parameter_rank))
     fields = tuple((str(f["field"]), schema_from_json(f)) for f in schema.get("fields") or ())
     items = schema_from_json(schema["items"]) if "items" in schema else None
     keys = schema_from_json(schema["keys"]) if "keys" in schema else None
@@ -196,8 +208,13 @@ class FieldCodec:
 
     @classmethod
     def of_history(cls, column: Mapping[str, Any]) -> FieldCodec:
-        """From one column of a schema-history shape (``lake/schema_history.py``)."""
-        schema = dict(column["schema"])
+        """From one column of a schema-history shape (``lake/schema_history.py``).
+
+        The history stores schemas with sorted keys (a stable shape id); the round trip
+        through :class:`ConnectSchema` writes them in JsonConverter's order again (``type``
+        first, ``field`` last), as the export of a table without history does.
+        """
+        schema = schema_from_json(column["schema"]).json_schema()
         name, stored = str(column["name"]), str(column["field"])
         return cls(name, schema, schema_from_json(schema).json_value,
                    stored if stored != name else None)
