@@ -53,10 +53,17 @@ schema ``_pgcdc`` (whose path is escaped, ``lake/paths.py``) is named with the s
 
 
 def _ordered(table: pa.Table, limit: int | None) -> pa.Table:
-    """Rows in sequence order; a tombstone stays right after its delete."""
+    """Rows in sequence order; a tombstone stays right after its delete.
+
+    A key change is a delete and a create at one sequence position (the UPDATE's): within a
+    position the delete comes first, then its tombstone, then the create, as Debezium emits
+    them (STR-73).
+    """
     keys = [name for name in ("__commit_lsn", "__ordinal") if name in table.column_names]
     if "op" in table.column_names and "before" in table.column_names:
-        table = table.append_column("__tomb", pc.is_null(table["op"]).cast(pa.int8()))
+        op = table["op"]
+        rank = pc.if_else(pc.is_null(op), 1, pc.if_else(pc.equal(op, "d"), 0, 2))
+        table = table.append_column("__tomb", rank.cast(pa.int8()))
         keys.append("__tomb")
     if keys:
         table = table.sort_by([(k, "ascending") for k in keys])
