@@ -30,6 +30,18 @@ TABLES = ("t1_first", "t2_second", "t3_bad")
 ROWS = 2000
 
 
+def _definitions(tables: list[tuple[str, str]], pg_dsn: str, lakehouse: object,
+                 slot: str) -> dg.Definitions:
+    """The definitions of ``tables``, read by one snapshot thread in 1 MiB chunks."""
+    return build_definitions(tables, {
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "lakehouse": LakehouseResource(root=str(lakehouse)),
+        "capture": CaptureResource(tables=r"public\.t\d_.*", slot=slot, publication=slot,
+                                   snapshot_max_threads=1, snapshot_chunk_bytes=1 << 20),
+        "spark": SparkResource(),
+    }, settings=MonitorSettings())
+
+
 def _mats(instance: dg.DagsterInstance, run_id: str) -> dict[str, dict]:
     """The run's materializations as its event log holds them (a failed run's too)."""
     out = {}
@@ -50,14 +62,7 @@ def test_tables_reported_as_committed_and_a_later_failure(pg_dsn, pg_conn, lakeh
         # precise decimals cannot hold NaN: the last table fails in its worker
         cur.execute("UPDATE t3_bad SET amount = 'NaN' WHERE id = 1999")
     tables = [("public", t) for t in TABLES]
-    defs = build_definitions(tables, {
-        "postgres": PostgresResource(dsn=pg_dsn),
-        "lakehouse": LakehouseResource(root=str(lakehouse)),
-        "capture": CaptureResource(tables=r"public\.t\d_.*", slot="dg_overlap",
-                                   publication="dg_overlap", snapshot_max_threads=1,
-                                   snapshot_chunk_bytes=1 << 20),
-        "spark": SparkResource(),
-    }, settings=MonitorSettings())
+    defs = _definitions(tables, pg_dsn, lakehouse, "dg_overlap")
     lake = str(lakehouse)
     with dg.instance_for_test() as instance:
         failed = defs.resolve_job_def("initial_snapshot").execute_in_process(
@@ -218,14 +223,7 @@ def test_a_failing_report_stops_the_snapshot(pg_dsn, pg_conn, lakehouse, monkeyp
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(capture_run._Reporter, "report", report)
-    defs = build_definitions([("public", t) for t in TABLES], {
-        "postgres": PostgresResource(dsn=pg_dsn),
-        "lakehouse": LakehouseResource(root=str(lakehouse)),
-        "capture": CaptureResource(tables=r"public\.t\d_.*", slot="dg_stop",
-                                   publication="dg_stop", snapshot_max_threads=1,
-                                   snapshot_chunk_bytes=1 << 20),
-        "spark": SparkResource(),
-    }, settings=MonitorSettings())
+    defs = _definitions([("public", t) for t in TABLES], pg_dsn, lakehouse, "dg_stop")
     lake = str(lakehouse)
     with dg.instance_for_test() as instance:
         failed = defs.resolve_job_def("initial_snapshot").execute_in_process(
