@@ -17,6 +17,9 @@ thread, so stages overlap and do not add up to the total).
 ``dagster job execute -m pgcdc_dagster.definitions -j cdc_microbatch`` process (fresh
 ``DAGSTER_HOME``, default instance, its own slot over the same WAL): its rate ÷ the raw peek
 (issue 16 target: >= 0.15) and the process's peak RSS (target without Spark: < 400 MB).
+Beside it, Dagster's own floor: the same CLI executing a one-op job that does nothing
+(in-process executor, like ours) on an instance of its own, and the ratio a job that took
+only that long would reach: no job run by ``dagster job execute`` can do better.
 
     .venv/bin/python bench/bench_stream.py [--changes 1000000] [--repeat 3] [--stages]
         [--whole-process]
@@ -221,6 +224,40 @@ class WholeProcess:
         return seconds, rss[-1] * 1024 if rss else 0
 
 
+_NOOP_JOB = """
+import dagster as dg
+
+
+@dg.op
+def nothing() -> None:
+    pass
+
+
+@dg.job(executor_def=dg.in_process_executor)
+def noop() -> None:
+    nothing()
+"""
+"""A job that does nothing, run the way ours are: Dagster's floor for any job."""
+
+
+def dagster_floor(root: Path, runs: int = 2) -> float:
+    """Seconds of the fastest of ``runs`` ``dagster job execute`` of :data:`_NOOP_JOB`, on
+    an instance of its own (after a first run that creates its storage)."""
+    home = root / "dagster_floor"
+    home.mkdir(exist_ok=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    (home / "noop_job.py").write_text(_NOOP_JOB)
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    cli = Path(sys.executable).parent / "dagster"
+    best = float("inf")
+    for _ in range(runs + 1):
+        started = time.perf_counter()
+        subprocess.run([str(cli), "job", "execute", "-f", str(home / "noop_job.py"), "-j",
+                        "noop"], env=env, cwd=home, capture_output=True, check=True)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--changes", type=int, default=1_000_000)
@@ -306,6 +343,10 @@ def main() -> None:
                 print(f"  whole process (dagster job execute -j cdc_microbatch): "
                       f"{changes / job_s:,.0f} changes/s ({job_s:.1f} s), ratio "
                       f"{changes / job_s / raw_rate:.3f}, peak RSS {rss / 2**20:.0f} MiB")
+                floor_s = dagster_floor(root)
+                print(f"  Dagster's floor (dagster job execute of a one-op job doing nothing): "
+                      f"{floor_s:.2f} s; a job taking only that long: ratio "
+                      f"{changes / floor_s / raw_rate:.3f}")
         if args.repeat > 1:
             values = [r[0] for r in ratios]
             print(f"ratio over {args.repeat} rounds: best {max(values):.3f}, "
