@@ -57,15 +57,6 @@ def build_jobs(tables: Sequence[tuple[str, str]],
     """The capture jobs for the given tables."""
     settings = settings if settings is not None else MonitorSettings()
     op = build_capture_op(tables, settings)
-    initial_snapshot = build_capture_job(
-        INITIAL_SNAPSHOT, op, snapshot_step=True,
-        description="Create the slot, snapshot every captured table (bronze op=r and the "
-        "silver baseline), then catch up with the stream; reports each table snapshotted.")
-    microbatch = build_capture_job(
-        MICROBATCH, op, snapshot_step=False,
-        description="Read bounded slot windows into bronze (exactly once), merge silver, "
-        "advance the slot; reports materializations and light checks of the tables changed "
-        "only.")
     capture = (dg.AssetSelection.groups("bronze", "silver").without_checks()
                | dg.AssetSelection.checks(*light_check_keys(tables)))
     assets = dg.define_asset_job(
@@ -76,13 +67,50 @@ def build_jobs(tables: Sequence[tuple[str, str]],
         executor_def=dg.in_process_executor,
         tags={"pgcdc/job": CAPTURE_ASSETS},
     )
-    checks = build_checks_job(
+    return CaptureJobs(_initial_snapshot(op), _microbatch(op), _checks(tables, settings),
+                       assets)
+
+
+LEAN_JOBS = (INITIAL_SNAPSHOT, MICROBATCH, CAPTURE_CHECKS)
+"""The op jobs that need no asset definitions to run (they report events of asset keys)."""
+
+
+def build_lean_job(name: str, tables: Sequence[tuple[str, str]],
+                   settings: MonitorSettings) -> dg.JobDefinition:
+    """One of :data:`LEAN_JOBS`, built alone, exactly as :func:`build_jobs` builds it (a
+    process that executes it needs no other definition: ``definitions.py``)."""
+    if name == CAPTURE_CHECKS:
+        return _checks(tables, settings)
+    op = build_capture_op(tables, settings)
+    if name == INITIAL_SNAPSHOT:
+        return _initial_snapshot(op)
+    if name == MICROBATCH:
+        return _microbatch(op)
+    raise ValueError(f"{name!r} is not one of the lean jobs {', '.join(LEAN_JOBS)}")
+
+
+def _initial_snapshot(op: dg.OpDefinition) -> dg.JobDefinition:
+    return build_capture_job(
+        INITIAL_SNAPSHOT, op, snapshot_step=True,
+        description="Create the slot, snapshot every captured table (bronze op=r and the "
+        "silver baseline), then catch up with the stream; reports each table snapshotted.")
+
+
+def _microbatch(op: dg.OpDefinition) -> dg.JobDefinition:
+    return build_capture_job(
+        MICROBATCH, op, snapshot_step=False,
+        description="Read bounded slot windows into bronze (exactly once), merge silver, "
+        "advance the slot; reports materializations and light checks of the tables changed "
+        "only.")
+
+
+def _checks(tables: Sequence[tuple[str, str]], settings: MonitorSettings) -> dg.JobDefinition:
+    return build_checks_job(
         CAPTURE_CHECKS, tables, settings,
         description="Every check of every captured table: silver against the source (full "
         "scan of both), bronze LSN windows, schema drift, and slot health; reported as "
         "evaluations of the asset checks (one op, no per-check planning).",
         tags={"pgcdc/job": CAPTURE_CHECKS})
-    return CaptureJobs(initial_snapshot, microbatch, checks, assets)
 
 
 CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL, CAPTURE_ASSETS)

@@ -26,7 +26,7 @@ from pgcdc_dagster import startup  # isort: split
 import os
 import sys
 
-from pgcdc_dagster.spark.prestart import prestart_for_process
+from pgcdc_dagster.spark.prestart import job_of_process, prestart_for_process
 
 prestart_for_process(sys.argv, os.environ)
 
@@ -41,7 +41,7 @@ import dagster as dg
 from assets import CAPTURE_POOL, build_capture_assets, source_specs
 from assets.checks import build_asset_checks
 from assets.incremental import build_incremental
-from assets.jobs import build_jobs
+from assets.jobs import LEAN_JOBS, build_jobs, build_lean_job
 from assets.operations import build_maintenance_job, teardown_job
 from assets.schedules import build_maintenance_schedule, build_schedules
 from assets.sensors import build_sensors
@@ -135,13 +135,24 @@ def discover_tables(dsn: str, include: Sequence[str], exclude: Sequence[str] = (
 
 def build_definitions(tables: Sequence[tuple[str, str]],
                       resources: Mapping[str, object] | None = None, *,
-                      settings: MonitorSettings | None = None) -> dg.Definitions:
+                      settings: MonitorSettings | None = None,
+                      job: str | None = None) -> dg.Definitions:
     """Definitions for the given tables (tests pass resources; the loader uses the env).
 
     ``settings`` (schedule, lag trigger, check thresholds, owners) default to the
-    ``PGCDC_*`` environment variables documented in docs/configuration.md.
+    ``PGCDC_*`` environment variables documented in docs/configuration.md. ``job``: one of
+    the lean op jobs (``initial_snapshot``, ``cdc_microbatch``, ``capture_checks``) when the
+    process only executes that job: then the definitions are that job and the resources, as
+    the full definitions define them, without the assets, checks, schedules and sensors of
+    every captured table (building those costs seconds with a thousand tables, and the job
+    does not use them: it reports its events by asset key). Any other value (None, another
+    job) builds everything.
     """
     settings = settings if settings is not None else MonitorSettings.from_env(os.environ)
+    resource_defs = dict(resources) if resources is not None else default_resources()
+    if job in LEAN_JOBS:
+        return dg.Definitions(jobs=[build_lean_job(job, tables, settings)],
+                              resources=resource_defs)
     jobs = build_jobs(tables, settings)
     maintenance = build_maintenance_job(tables)
     incremental, incremental_job = build_incremental(tables, settings.owners)
@@ -154,7 +165,7 @@ def build_definitions(tables: Sequence[tuple[str, str]],
                    build_maintenance_schedule(maintenance, settings)],
         sensors=[*build_sensors(tables, jobs, settings),
                  build_signal_sensor(tables, incremental_job)],
-        resources=dict(resources) if resources is not None else default_resources(),
+        resources=resource_defs,
     )
 
 
@@ -196,9 +207,12 @@ def _pgcdc_environment() -> tuple[tuple[str, str], ...]:
 def _built(tables: tuple[tuple[str, str], ...],
            environment: tuple[tuple[str, str], ...]) -> dg.Definitions:
     """:func:`build_definitions` of the environment, once per tables and environment (a
-    reload that finds other tables, or another environment, builds them again)."""
+    reload that finds other tables, or another environment, builds them again). A process
+    started to execute one lean job (``dagster job execute -j cdc_microbatch``, or the run
+    worker of such a run: :func:`~pgcdc_dagster.spark.prestart.job_of_process`) builds that
+    job only (issue 16: its cost does not grow with the captured tables' definitions)."""
     del environment  # part of the cache key only: build_definitions reads os.environ
-    return build_definitions(tables)
+    return build_definitions(tables, job=job_of_process(sys.argv, os.environ))
 
 
 @atexit.register

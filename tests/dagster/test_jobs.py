@@ -114,7 +114,8 @@ def _dagster_job(env: dict[str, str], job: str, output: list[str] | None = None)
             if line.startswith("import time:")}
 
 
-def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path) -> None:
+def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path,
+                                         monkeypatch) -> None:
     with pg_conn.cursor() as cur:  # notes: matched, but keyless, so left out with a warning
         cur.execute(SETUP + "CREATE TABLE notes (body text); INSERT INTO notes VALUES ('x');")
     env = _cli_env(pg_dsn, lakehouse, tmp_path / "dagster_home")
@@ -158,6 +159,53 @@ def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path) 
         assert_silver_equals_source(pg_conn, uri, "public", table, key)
     # version 0: the snapshot (its commit creates the table); then the changes
     assert DeltaTable(table_uri(str(lakehouse), "bronze", "public", "items")).version() >= 1
+    # The CLI processes built their job only; the UI's full definitions (same environment)
+    # show those runs as runs of the same jobs, and their materializations on the assets.
+    for name, value in env.items():
+        if name.startswith("PGCDC_"):
+            monkeypatch.setenv(name, value)
+    full = build_definitions([("public", "items"), ("public", "tags")])
+    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        runs = instance.get_runs()
+        assert sorted(r.job_name for r in runs) == \
+            ["cdc_microbatch", "cdc_microbatch", "initial_snapshot"]
+        for run in runs:
+            assert run.job_snapshot_id == \
+                full.resolve_job_def(run.job_name).get_job_snapshot_id()
+        latest = instance.get_latest_materialization_event(
+            dg.AssetKey(["silver", "public", "items"]))
+        assert latest is not None and latest.run_id == runs[0].run_id
+        assert latest.asset_materialization.metadata["events"].value == 61  # type: ignore[union-attr]
+
+
+def test_a_process_executing_one_lean_job_builds_that_job_only(monkeypatch) -> None:
+    """Issue 16: ``dagster job execute -j cdc_microbatch`` (or the run worker of such a run)
+    builds the job it executes and the resources, not the assets, checks, schedules and
+    sensors of every captured table; the job is the one the full definitions define (same
+    snapshot: the UI shows the run as a run of its job). Any other process builds all."""
+    tables = [("public", f"t{i}") for i in range(4)] + [("odd schema", "a.b")]
+    monkeypatch.setenv("PGCDC_PG_DSN", "host=127.0.0.1 dbname=x user=y")
+    full = build_definitions(tables)
+    assert len(list(full.resolve_all_asset_keys())) > 2 * len(tables)
+    for job in ("initial_snapshot", "cdc_microbatch", "capture_checks"):
+        for argv in (["dagster", "job", "execute", "-m", "pgcdc_dagster.definitions", "-j",
+                      job],
+                     ["dagster", "api", "execute_run",
+                      '{"job_origin": {"job_name": "' + job + '"}}']):
+            monkeypatch.setattr(sys, "argv", argv)
+            lean = definitions._built.__wrapped__(tuple(tables), ())  # type: ignore[attr-defined]
+            assert list(lean.resolve_all_asset_keys()) == []
+            assert not lean.schedules and not lean.sensors
+            assert [j.name for j in lean.resolve_all_job_defs()
+                    if not j.name.startswith("__")] == [job]
+            assert lean.resolve_job_def(job).get_job_snapshot_id() == \
+                full.resolve_job_def(job).get_job_snapshot_id()
+    for argv in (["dagster", "job", "execute", "-m", "pgcdc_dagster.definitions", "-j",
+                  "capture_assets"], ["dagster", "dev"], ["pytest"]):
+        monkeypatch.setattr(sys, "argv", argv)
+        built = definitions._built.__wrapped__(tuple(tables), ())  # type: ignore[attr-defined]
+        assert len(list(built.resolve_all_asset_keys())) == \
+            len(list(full.resolve_all_asset_keys()))
 
 
 def test_lazy_definitions_report_an_unreachable_source(monkeypatch) -> None:
