@@ -57,7 +57,7 @@ from pgcdc_dagster.cdc.envelope import (
     sequence_text,
 )
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
-from pgcdc_dagster.lake.parquet_layout import LOW_CARDINALITY, SAMPLE_ROWS
+from pgcdc_dagster.lake.parquet_layout import LOW_CARDINALITY, PLAN_MIN_ROWS, SAMPLE_ROWS
 from pgcdc_dagster.lake.parquet_layout import FileLayout as _FileLayout
 from pgcdc_dagster.lake.parquet_layout import flat_stats as _flat_stats
 
@@ -159,6 +159,7 @@ class ChunkConverter:
         self.silver_schema = silver_schema
         data = {c.silver_field.name for c in converters}
         self._silver_meta = [f.name for f in silver_schema if f.name not in data]
+        self._silver_data = [f.name for f in silver_schema if f.name in data]
         self._value_type = self.bronze_schema.field("after").type
         self._key_type = self.bronze_schema.field("key").type
         self._source_type = self.bronze_schema.field("source").type
@@ -230,6 +231,8 @@ class ChunkConverter:
         if self._dictionary is not None:
             return
         self._dictionary = []
+        if len(columns) and len(columns[0]) < PLAN_MIN_ROWS:
+            return  # a small table's file: not worth planning (parquet_layout)
         for conv, col in zip(self.converters, columns, strict=True):
             sample = col.slice(0, min(len(col), SAMPLE_ROWS))
             limit = max(1, int(max(len(sample), 1) * LOW_CARDINALITY))
@@ -279,8 +282,8 @@ class ChunkConverter:
         silver = pa.Table.from_arrays(
             [_typed(silver_values.get(f.name), f, n) for f in self.silver_writer_schema],
             schema=self.silver_writer_schema)
-        self._bronze_layout.plan(bronze)
-        self._silver_layout.plan(silver)
+        self._bronze_layout.plan(bronze, ("key", "after"))  # the rest are constants
+        self._silver_layout.plan(silver, self._silver_data)
         return bronze, silver
 
 

@@ -36,17 +36,97 @@ or within 16 % and 3-15 % smaller below those spans, but 1.4-1.65x slower at (ne
 width, for no smaller file. Sequential or clustered values gain far more (4x faster)."""
 SAMPLE_ROWS = 20_000
 """Rows of the first row group the column plans (dictionary, integer encoding) look at."""
+PLAN_MIN_ROWS = 2048
+"""A first row group of fewer rows is not planned (no dictionary for data columns, every
+integer column delta-packed): for a small table's file the planning costs more than any
+encoding choice could save (issue 16: a thousand small tables)."""
 
 
 def parquet_columns(schema: pa.Schema) -> list[tuple[str, str]]:
     """``(path, physical type)`` of each leaf column of a Parquet file written with
-    ``schema``, the path as the writer's per-column options name it (``key.id``,
-    ``after.tags.list.element``)."""
+    ``schema`` (``store_decimal_as_integer``), the path as the writer's per-column options
+    name it (``key.id``, ``after.tags.list.element``).
+
+    Derived from the Arrow types as pyarrow's schema conversion maps them (no file written:
+    a snapshot of many small tables plans two layouts per table); a type outside that
+    mapping (extension types, ...) is learnt from the footer of an empty file written with
+    the schema, as the writer itself converts it."""
+    try:
+        return [leaf for field in schema for leaf in _leaves(field.name, field.type)]
+    except _Unmapped:
+        return _written_columns(schema)
+
+
+def _written_columns(schema: pa.Schema) -> list[tuple[str, str]]:
+    """:func:`parquet_columns` from an empty file's footer."""
     sink = pa.BufferOutputStream()
     pq.ParquetWriter(sink, schema, store_schema=False, store_decimal_as_integer=True).close()
     parquet = pq.read_metadata(pa.BufferReader(sink.getvalue())).schema
     return [(parquet.column(i).path, parquet.column(i).physical_type)
             for i in range(len(parquet))]
+
+
+class _Unmapped(Exception):
+    """A type :func:`_physical` does not know."""
+
+
+_INT32_TYPES = (pa.types.is_int8, pa.types.is_int16, pa.types.is_int32, pa.types.is_uint8,
+                pa.types.is_uint16, pa.types.is_uint32, pa.types.is_date, pa.types.is_time32,
+                pa.types.is_null)
+_INT64_TYPES = (pa.types.is_int64, pa.types.is_uint64, pa.types.is_time64,
+                pa.types.is_timestamp, pa.types.is_duration)
+_BYTE_ARRAY_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                     pa.types.is_large_binary, pa.types.is_string_view,
+                     pa.types.is_binary_view)
+DECIMAL_INT32_DIGITS = 9
+DECIMAL_INT64_DIGITS = 18
+"""Decimals of up to this many digits are stored as INT32 / INT64
+(``store_decimal_as_integer``), wider ones as FIXED_LEN_BYTE_ARRAY."""
+
+
+def _physical(typ: pa.DataType) -> str:
+    """The Parquet physical type pyarrow writes a flat Arrow type as."""
+    if isinstance(typ, pa.BaseExtensionType):
+        raise _Unmapped(str(typ))
+    if pa.types.is_dictionary(typ):
+        return _physical(typ.value_type)
+    if pa.types.is_boolean(typ):
+        return "BOOLEAN"
+    if pa.types.is_float32(typ):
+        return "FLOAT"
+    if pa.types.is_float64(typ):
+        return "DOUBLE"
+    if pa.types.is_decimal(typ):
+        return "INT32" if typ.precision <= DECIMAL_INT32_DIGITS else \
+            "INT64" if typ.precision <= DECIMAL_INT64_DIGITS else "FIXED_LEN_BYTE_ARRAY"
+    if any(test(typ) for test in _INT32_TYPES):
+        return "INT32"
+    if any(test(typ) for test in _INT64_TYPES):
+        return "INT64"
+    if any(test(typ) for test in _BYTE_ARRAY_TYPES):
+        return "BYTE_ARRAY"
+    if pa.types.is_fixed_size_binary(typ) or pa.types.is_float16(typ):
+        return "FIXED_LEN_BYTE_ARRAY"
+    raise _Unmapped(str(typ))
+
+
+def _leaves(path: str, typ: pa.DataType) -> Iterator[tuple[str, str]]:
+    """``(path, physical type)`` of the leaves under a field (named as the writer names
+    them: list elements ``list.element``, map entries ``key_value.key``/``value``)."""
+    if pa.types.is_struct(typ):
+        if not typ.num_fields:
+            raise _Unmapped("struct without fields")  # the writer's own error, please
+        for i in range(typ.num_fields):
+            yield from _leaves(f"{path}.{typ.field(i).name}", typ.field(i).type)
+    elif pa.types.is_map(typ):
+        yield from _leaves(f"{path}.key_value.key", typ.key_type)
+        yield from _leaves(f"{path}.key_value.value", typ.item_type)
+    elif pa.types.is_list(typ) or pa.types.is_large_list(typ) or \
+            pa.types.is_fixed_size_list(typ) or pa.types.is_list_view(typ) or \
+            pa.types.is_large_list_view(typ):
+        yield from _leaves(f"{path}.list.element", typ.value_type)
+    else:
+        yield path, _physical(typ)
 
 
 def leaf_arrays(path: str, values: pa.Array) -> Iterator[tuple[str, pa.Array]]:
@@ -96,14 +176,22 @@ class FileLayout:
     def columns(self) -> list[tuple[str, str]]:
         return parquet_columns(self.schema)
 
-    def plan(self, table: pa.Table) -> None:
-        """Find the integer columns whose values are too wide for delta packing."""
+    def plan(self, table: pa.Table, columns: Sequence[str] | None = None) -> None:
+        """Find the integer columns whose values are too wide for delta packing, among the
+        leaves under ``columns`` (default: all; the others, constants for instance, are
+        taken as narrow). A first row group of fewer than :data:`PLAN_MIN_ROWS` rows is not
+        looked at: every integer column is delta-packed (a small table's file, whose cost
+        is the planning, not the encoding)."""
         if self.plain is not None or table.num_rows == 0:
+            return
+        if table.num_rows < PLAN_MIN_ROWS:
+            self.plain = set()
             return
         widths = {path: INTEGER_BITS[t] for path, t in self.columns if t in INTEGER_BITS}
         sample = table.slice(0, SAMPLE_ROWS)
+        names = sample.column_names if columns is None else columns
         self.plain = {
-            path for name in sample.column_names
+            path for name in names
             for path, values in leaf_arrays(name, sample.column(name).combine_chunks())
             if path in widths and wide(values, widths[path])}
 

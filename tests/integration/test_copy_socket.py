@@ -40,6 +40,20 @@ def socket_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@pytest.fixture
+def low_water(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records each low-water mark the reader sets on the socket (the real one is set)."""
+    marks: list[int] = []
+    real: Callable[[socket.socket, int], None] = copy_socket._low_water
+
+    def recorded(sock: socket.socket, size: int) -> None:
+        marks.append(size)
+        real(sock, size)
+
+    monkeypatch.setattr(copy_socket, "_low_water", recorded)
+    return marks
+
+
 def _rows(dsn: str, query: sql.Composable, *, socket: bool, batch_bytes: int = 1 << 16
           ) -> list[bytes]:
     binary_read.USE_SOCKET = socket
@@ -54,7 +68,8 @@ def _rows(dsn: str, query: sql.Composable, *, socket: bool, batch_bytes: int = 1
 
 
 def test_socket_and_libpq_read_the_same_rows(pg_dsn: str, pg_conn: Any,
-                                             socket_calls: list[str]) -> None:
+                                             socket_calls: list[str],
+                                             low_water: list[int]) -> None:
     with pg_conn.cursor() as cur:
         cur.execute(f"""CREATE TABLE t AS SELECT g AS id,
                           CASE WHEN g % 7 = 0 THEN NULL
@@ -65,6 +80,8 @@ def test_socket_and_libpq_read_the_same_rows(pg_dsn: str, pg_conn: Any,
     query = sql.SQL("SELECT id, b, s FROM t ORDER BY id")
     plain = _rows(pg_dsn, query, socket=True)
     assert len(socket_calls) == 1
+    # a large reply is received a quarter megabyte per wake-up once it proved large
+    assert low_water == [copy_socket.LOW_WATER, 1]
     assert plain == _rows(pg_dsn, query, socket=False)
     assert len(socket_calls) == 1 and len(plain) == 30000
     # 600 kB values are larger than the 64 KiB buffers: they were received whole
@@ -81,7 +98,7 @@ def test_server_error_during_copy_is_raised_as_libpq_would(pg_dsn: str,
         _rows(pg_dsn, sql.SQL("SELECT * FROM no_such_table"), socket=True)
 
 
-def test_connection_is_left_in_its_transaction(pg_dsn: str) -> None:
+def test_connection_is_left_in_its_transaction(pg_dsn: str, low_water: list[int]) -> None:
     conn = psycopg2.connect(pg_dsn)
     try:
         with conn.cursor() as cur:
@@ -92,6 +109,8 @@ def test_connection_is_left_in_its_transaction(pg_dsn: str) -> None:
                                  " TO STDOUT (FORMAT binary)", got.append, threading.Event(),
                                  batch_bytes=1 << 16, label="test")
             assert sum(len(g) for g in got) == 1000
+            # a small reply (14 kB) wakes the reader on its first bytes: no mark raised
+            assert low_water == [1]
             # the low-water mark that batches the reads is off again: libpq waits for bytes
             probe = socket.socket(fileno=os.dup(conn.fileno()))
             try:
