@@ -55,6 +55,14 @@ the session is up in about half the time). For runs whose Spark work is Python t
 (snapshot chunks): the driver JVM only schedules them. Options the user gives in
 ``spark.driver.extraJavaOptions`` come after these (the JVM's last option wins)."""
 
+LAUNCHER_OPTIONS_ENV = "SPARK_LAUNCHER_OPTS"
+LAUNCHER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""JVM options of Spark's launcher (``spark-class`` runs ``org.apache.spark.launcher.Main``,
+a JVM of its own, only to compute the driver JVM's command line, before that JVM starts):
+the first JIT tier and the serial collector, as for any program that runs a fraction of a
+second (its CPU 0.25-0.3 s -> 0.13-0.17 s here). Set for this process's launches unless
+``SPARK_LAUNCHER_OPTS`` is set already (the user's value is kept)."""
+
 DAEMON_MODULE_CONF = "spark.python.daemon.module"
 """Spark's setting of the Python worker daemon: ``local[...]`` sessions run this project's
 (``spark/worker_daemon``: the snapshot chunks' modules imported before the workers fork);
@@ -102,6 +110,7 @@ def check_master(master: str) -> None:
 
 
 def _environment(master: str) -> None:
+    os.environ.setdefault(LAUNCHER_OPTIONS_ENV, LAUNCHER_JAVA_OPTIONS)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):

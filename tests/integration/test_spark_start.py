@@ -29,6 +29,7 @@ from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import run_snapshot
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.postgres.local_cluster import free_port
+from pgcdc_dagster.spark import session
 from pgcdc_dagster.spark.lazy import LazySpark
 from pgcdc_dagster.spark.prestart import (
     DEFAULT_APP_NAME,
@@ -134,7 +135,7 @@ def test_one_session_handle_per_process_and_settings() -> None:
                                                                           DEFAULT_MODE)
 
 
-def test_a_quick_start_compiles_less_and_keeps_the_users_java_options() -> None:
+def test_a_quick_start_compiles_less_and_keeps_the_users_java_options(monkeypatch) -> None:
     quick = session_settings("local[2]", {"spark.driver.extraJavaOptions": "-Dmine=1"},
                              quick_start=True)
     # The user's options come last: the JVM's last option wins.
@@ -142,6 +143,14 @@ def test_a_quick_start_compiles_less_and_keeps_the_users_java_options() -> None:
     assert "spark.driver.extraJavaOptions" not in session_settings("local[2]")
     assert session_settings("spark://h:7077", quick_start=True)[
         "spark.driver.extraJavaOptions"] == QUICK_START_JAVA_OPTIONS
+    # Spark's launcher JVM (it only prints the driver JVM's command) compiles less too,
+    # for any master, unless the user gave its options.
+    monkeypatch.delenv(session.LAUNCHER_OPTIONS_ENV, raising=False)
+    session._environment("spark://h:7077")
+    assert session.os.environ[session.LAUNCHER_OPTIONS_ENV] == session.LAUNCHER_JAVA_OPTIONS
+    monkeypatch.setenv(session.LAUNCHER_OPTIONS_ENV, "-Xmx64m")
+    session._environment("local[2]")
+    assert session.os.environ[session.LAUNCHER_OPTIONS_ENV] == "-Xmx64m"
 
 
 @pytest.mark.integration

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+import pyspark
 import pytest
 
 from pgcdc_dagster.spark import snapshot_tasks, worker_daemon
@@ -14,13 +15,17 @@ from pgcdc_dagster.spark.session import DAEMON_MODULE_CONF, session_settings
 from pgcdc_dagster.spark.snapshot_tasks import warm_workers
 
 
-def _inherited(_index: int) -> tuple[int, int, int | None, bool]:
+def _inherited(_index: int) -> tuple[int, int, int | None, bool, str, list[str]]:
     """On a worker: its PID, its parent's, the PID of the process that preloaded the
-    chunk reader (inherited across the fork) and whether the decoder is loaded."""
+    chunk reader (inherited across the fork), whether the decoder is loaded, where pyspark
+    was imported from and the ``sys.path`` entries that are zips."""
+    import pyspark
+
     from pgcdc_dagster.spark import worker_daemon as daemon
 
     return (os.getpid(), os.getppid(), daemon.PRELOADED_IN,
-            "pgcdc_dagster.capture.snapshot_binary" in sys.modules)
+            "pgcdc_dagster.capture.snapshot_binary" in sys.modules, str(pyspark.__file__),
+            [entry for entry in sys.path if entry.endswith(".zip")])
 
 
 @pytest.mark.spark
@@ -45,11 +50,36 @@ def test_workers_are_forked_from_a_daemon_that_imported_the_chunk_reader(
                                                          "workers ready"]
     slots = max(1, int(sc.defaultParallelism))
     seen = sc.parallelize(range(slots * 2), slots * 2).map(_inherited).collect()
-    for pid, parent, preloaded_in, decoder in seen:
+    installed = os.path.dirname(os.path.abspath(pyspark.__file__))
+    for pid, parent, preloaded_in, decoder, imported_from, zips in seen:
         # The module state was set in the daemon (the worker's parent), not by the worker.
         assert preloaded_in == parent != pid, seen
         assert decoder, seen
+        # pyspark from the installed package (cached bytecode), not from Spark's zip.
+        assert os.path.dirname(imported_from) == installed, seen
+        assert not [z for z in zips if z.endswith(("pyspark.zip", "-src.zip"))], seen
     assert worker_daemon.PRELOADED_IN is None  # the driver never ran the daemon's preload
+
+
+def test_spark_zips_give_way_to_the_installed_packages(tmp_path) -> None:
+    site = tmp_path / "site-packages"
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    for package in ("pyspark", "py4j"):
+        (site / package).mkdir(exist_ok=True)
+        (site / package / "__init__.py").write_text("")
+    spark_zip, py4j_zip = str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")
+    other_home = str(tmp_path / "spark-4.2" / "python" / "lib" / "pyspark.zip")
+    path = ["", spark_zip, py4j_zip, "/project", str(site)]
+    assert worker_daemon.installed_over_zips(path) == ["", "/project", str(site)]
+    # site-packages not on the path: it takes the first zip's place, once.
+    assert worker_daemon.installed_over_zips([spark_zip, py4j_zip, "/project"]) == [
+        str(site), "/project"]
+    # A Spark home that is not the installed package (a distribution's): zips kept.
+    assert worker_daemon.installed_over_zips([other_home, "/project"]) == [other_home,
+                                                                          "/project"]
+    (site / "py4j" / "__init__.py").unlink()  # py4j not installed beside it: its zip stays
+    assert worker_daemon.installed_over_zips(path) == ["", py4j_zip, "/project", str(site)]
 
 
 def test_a_module_that_cannot_be_imported_is_left_to_the_workers(monkeypatch) -> None:
