@@ -417,7 +417,7 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
             before = table_stats(ctx.silver_uri, version) if version is not None \
                 else TableStats(None)
             reports.append((ctx, before, bronze_from, apply_silver(
-                ctx, session, settings.silver_spark_threshold_rows)))
+                ctx, session, settings.silver_spark_threshold_rows, settings.target_file_bytes)))
             crash_point("after_silver_merge")  # as run_silver: the crash tests' kill point
         health = slot_health(postgres.dsn, capture.slot)
         with event_files_held(context.instance, context.run_id):

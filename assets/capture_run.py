@@ -197,7 +197,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         current = run.current_silver()
         behind = [c for c in silver_of if c.name not in current]
         caught_up = dict(zip([c.name for c in behind], apply_silver_tables(
-            behind, handle, cap.silver_spark_threshold_rows), strict=True))
+            behind, handle, cap.silver_spark_threshold_rows, cap.target_file_bytes), strict=True))
         left_names = {c.name for c in left}
         silver = [(ctx, report) for ctx, report in (
             (c, current.get(c.name) or caught_up[c.name]) for c in silver_of)

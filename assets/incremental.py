@@ -302,7 +302,8 @@ def build_incremental(tables: Sequence[tuple[str, str]],
             version, bronze_from = _previous(context.instance, silver_key(*name))
             silver_before = table_stats(ctx.silver_uri, version) if version is not None \
                 else TableStats(None)
-            silver = apply_silver(ctx, session, settings.silver_spark_threshold_rows)
+            silver = apply_silver(ctx, session, settings.silver_spark_threshold_rows,
+                                  settings.target_file_bytes)
             meta = _silver_metadata(silver, ctx, silver_before, bronze_from, health)
             meta["capture_kind"] = "incremental"
             context.log_event(dg.AssetMaterialization(asset_key=silver_key(*name),

@@ -55,7 +55,7 @@ def test_jobs_in_process(pg_dsn, pg_conn, spark, lakehouse) -> None:
         "postgres": PostgresResource(dsn=pg_dsn),
         "lakehouse": LakehouseResource(root=str(lakehouse)),
         "capture": CaptureResource(tables="public\\..*", slot="dg_inproc",
-                                   publication="dg_inproc"),
+                                   publication="dg_inproc", target_file_bytes=4096),
         "spark": SparkResource(),
     })
     keys = {"/".join(k.path) for k in definitions.resolve_all_asset_keys()}
@@ -81,6 +81,19 @@ def test_jobs_in_process(pg_dsn, pg_conn, spark, lakehouse) -> None:
     for table, key in (("items", ["id"]), ("tags", ["item_id", "tag"])):
         uri = table_uri(str(lakehouse), "silver", "public", table)
         assert_silver_equals_source(pg_conn, uri, "public", table, key)
+
+    # target_file_bytes (PGCDC_TARGET_FILE_BYTES) sizes the files the micro-batch's silver
+    # merge writes too, not only the snapshot's: 500 new rows of ~100 bytes land in several
+    # files of about 8 KiB (the default 1 MiB wrote them as one).
+    with pg_conn.cursor() as cur:
+        cur.execute("INSERT INTO items SELECT g, repeat('n', 60), g, now() "
+                    "FROM generate_series(2000, 2499) g")
+    assert definitions.resolve_job_def("cdc_microbatch").execute_in_process().success
+    silver = DeltaTable(table_uri(str(lakehouse), "silver", "public", "items"))
+    added = set(silver.file_uris()) - set(
+        DeltaTable(silver.table_uri, version=silver.version() - 1).file_uris())
+    assert len(added) >= 2, added
+    assert_silver_equals_source(pg_conn, silver.table_uri, "public", "items", ["id"])
 
 
 def _cli_env(dsn: str, lakehouse: Path, home: Path) -> dict[str, str]:
