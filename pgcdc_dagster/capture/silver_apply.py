@@ -84,14 +84,15 @@ def apply_silver(ctx: TableContext, spark: SparkLike,
     image = rows.column("image").combine_chunks()
     meta_cols = {name: rows.column(name).combine_chunks()
                  for name in ("__lsn", "__commit_lsn", "__ordinal", "__source_ts_ms")}
+    converters = ctx.silver_converters()
     silver_rows = silver_from_images(image, rows.column("op").combine_chunks(), meta_cols,
-                                     ctx.relation, ctx.converters)
+                                     ctx.relation, converters)
     unchanged = rows.column("__toast_unchanged").combine_chunks()
     if batch.lookups:  # primary-key changes whose TOAST values only silver holds
         silver_rows, unchanged = resolve_lookups(
             ctx.silver_uri, silver_rows, unchanged, batch.lookups, relation=ctx.relation,
-            converters=ctx.converters,
-            silver_names={c.bronze_field.name: c.silver_field.name for c in ctx.converters},
+            converters=converters,
+            silver_names={c.bronze_field.name: c.silver_field.name for c in converters},
             table=ctx.name)
     counts = merge_batch(ctx.silver_uri, silver_rows, ctx.silver_names(unchanged),
                          relation=ctx.relation, toastable=ctx.silver_toastable,

@@ -24,7 +24,14 @@ from pgcdc_dagster.cdc.column_options import (
     project_changes,
     with_key,
 )
-from pgcdc_dagster.cdc.column_versions import assign_field, column_of, compatible, renamed, versions
+from pgcdc_dagster.cdc.column_versions import (
+    assign_field,
+    column_of,
+    compatible,
+    renamed,
+    superseded_of,
+    versions,
+)
 from pgcdc_dagster.cdc.envelope import bronze_schema
 from pgcdc_dagster.cdc.typeconv import ColumnConverter, PgType, TypeModes, converter_for
 from pgcdc_dagster.cdc.typeconv.defaults import with_default
@@ -106,6 +113,33 @@ class TableContext:
             return unchanged
         return pa.array([None if row is None else [names.get(n, n) for n in row]
                          for row in unchanged.to_pylist()], pa.list_(pa.string()))
+
+    def silver_converters(self) -> tuple[ColumnConverter, ...]:
+        """The converters silver reads this table's bronze events with.
+
+        The context's own, each also reading the bronze fields this run's stream wrote the
+        column to when a shape the context was not built for came by (a column renamed and
+        retyped in one window: ``ALTER ... RENAME a TO b``, then ``ALTER b TYPE bigint``,
+        leaves events in ``b__v2`` beside the context's ``b``). Silver applies the run's
+        events with the context, so without them those events' values were lost.
+        """
+        if not self._shapes:
+            return self.converters
+        seen: dict[str, list[ColumnConverter]] = {}
+        for convs in self._shapes.values():  # in the order the stream met them
+            for conv in convs:
+                seen.setdefault(column_of(conv.bronze_field), []).append(conv)
+        out = []
+        for conv in self.converters:
+            known = {conv.bronze_field.name, *(s.bronze_field.name for s in superseded_of(conv))}
+            extra: list[ColumnConverter] = []
+            for other in seen.get(column_of(conv.bronze_field), ()):
+                if other.bronze_field.name not in known:
+                    known.add(other.bronze_field.name)
+                    extra.append(other)
+            out.append(renamed(conv, conv.bronze_field.name,
+                               (*reversed(extra), *superseded_of(conv))) if extra else conv)
+        return tuple(out)
 
     def _bronze_to_silver(self) -> dict[str, str]:
         return {c.bronze_field.name: c.silver_field.name for c in self.converters}

@@ -307,7 +307,21 @@ def silver_values(conv: ColumnConverter, children: Mapping[str, pa.Array], n: in
             continue
         # through the silver types of the newer versions, as PostgreSQL converted it
         newer = [s.silver_field.type for s in reversed(superseded[:j])]
-        for typ in (*newer, target):
-            older = safe_cast(older, typ)
-        out = pc.coalesce(out, older)
+        out = pc.coalesce(out, _through(older, (*newer, target)))
     return out
+
+
+def _through(values: pa.Array, chain: Sequence[pa.DataType]) -> pa.Array:
+    """``values`` cast through each type of ``chain`` in turn; straight to its last type when
+    a step cannot hold them. Version numbers follow the order the fields were created in,
+    which is not always the order of the types in time: a column renamed and then retyped
+    within one window has its newest type in the plain field (claimed from the catalog when
+    the run started) and its older values in ``__v2`` (``int -> bigint``: a bigint value
+    cannot pass through the int32 of the "newer" version)."""
+    out = values
+    try:
+        for typ in chain:
+            out = safe_cast(out, typ)
+        return out
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return safe_cast(values, chain[-1])
