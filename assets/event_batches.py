@@ -10,7 +10,9 @@ events:
   at most Dagster's busy timeout like any write), so a write never meets a snapshot another
   process has made stale;
 * each of Dagster's ``_connect`` blocks inside it is a SAVEPOINT: when Dagster's code raises,
-  only its own writes are undone, as its own transaction would be;
+  only its own writes are undone, as its own transaction would be (a block that runs a single
+  statement, ``atomic``, needs none: SQLite undoes a failed statement alone; see
+  :mod:`assets.event_writes`);
 * the transactions are committed (the run's file first, then the index, the order Dagster
   writes them in) after :data:`BATCH_EVENTS` events of the block's run, when the oldest
   uncommitted write is :data:`BATCH_SECONDS` old (at the next event, or by a thread of the
@@ -114,8 +116,10 @@ class Batch:
         return shard in self._engines
 
     @contextlib.contextmanager
-    def connect(self, shard: str) -> Iterator[sa.Connection]:
-        """Dagster's ``_connect`` for a covered shard (the caller holds ``_db_lock``)."""
+    def connect(self, shard: str, atomic: bool = False) -> Iterator[sa.Connection]:
+        """Dagster's ``_connect`` for a covered shard (the caller holds ``_db_lock``);
+        ``atomic``: the block runs one statement, which SQLite undoes alone when it fails
+        (no savepoint needed)."""
         self._raise_failed()
         conn = self._conns.get(shard)
         if conn is None:
@@ -125,15 +129,18 @@ class Batch:
             self._changes[shard] = self._total_changes(conn)
             if self._since is None:
                 self._since = time.monotonic()
-        raw: Any = conn.connection.dbapi_connection
-        raw.execute("SAVEPOINT pgcdc_event")  # the driver's own: cheaper than SQLAlchemy's
-        try:
+        if atomic:
             yield conn
-        except BaseException:
-            raw.execute("ROLLBACK TO pgcdc_event")
+        else:
+            raw: Any = conn.connection.dbapi_connection
+            raw.execute("SAVEPOINT pgcdc_event")  # the driver's own: cheaper than SQLAlchemy's
+            try:
+                yield conn
+            except BaseException:
+                raw.execute("ROLLBACK TO pgcdc_event")
+                raw.execute("RELEASE pgcdc_event")
+                raise
             raw.execute("RELEASE pgcdc_event")
-            raise
-        raw.execute("RELEASE pgcdc_event")
         if self._pending == 0 and not any(self._total_changes(self._conns[s]) != changes
                                           for s, changes in self._changes.items()):
             self._commit()  # a read with nothing pending: the write lock is not kept for it

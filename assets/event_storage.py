@@ -81,6 +81,7 @@ from sqlalchemy.pool import NullPool
 
 from assets.event_batches import Batch, batch_engine
 from assets.event_memo import memo_installed, serialized_once
+from assets.event_writes import PreparedWrites, prepared_writes_usable
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class SharedEngines(KeptAnswers):
     connection per write (``NullPool``: opened for the write, closed after its commit)."""
 
     def __init__(self, storage: SqliteEventLogStorage, batch_run: str | None = None,
-                 memo: bool = False) -> None:
+                 memo: bool = False, prepared: bool = True) -> None:
         super().__init__(storage, memo)
         self._engines: dict[str, sa.Engine] = {}
         self._engines_lock = threading.Lock()  # has_table runs outside the storage's lock
@@ -167,6 +168,8 @@ class SharedEngines(KeptAnswers):
             self.batch = Batch(batch_run, {
                 shard: batch_engine(storage.conn_string_for_shard(shard), timeout)
                 for shard in (batch_run, INDEX_SHARD_NAME)}, storage._db_lock)
+        self._writes = PreparedWrites(storage, self.connect) \
+            if prepared and prepared_writes_usable(storage) else None
 
     def engine(self, shard: str) -> sa.Engine:
         with self._engines_lock:
@@ -179,8 +182,9 @@ class SharedEngines(KeptAnswers):
             return engine
 
     @contextlib.contextmanager
-    def connect(self, shard: str) -> Iterator[sa.Connection]:
-        """``SqliteEventLogStorage._connect`` with the shard's engine kept."""
+    def connect(self, shard: str, atomic: bool = False) -> Iterator[sa.Connection]:
+        """``SqliteEventLogStorage._connect`` with the shard's engine kept (``atomic``: the
+        block runs one statement, :meth:`assets.event_batches.Batch.connect`)."""
         storage: Any = self._storage
         with storage._db_lock:
             check.str_param(shard, "shard")
@@ -189,7 +193,7 @@ class SharedEngines(KeptAnswers):
                 storage._initdb(engine)
                 storage._initialized_dbs.add(shard)
             if self.batch is not None and self.batch.covers(shard):
-                with self.batch.connect(shard) as conn:
+                with self.batch.connect(shard, atomic) as conn:
                     yield conn
                 return
             with engine.connect() as conn, conn.begin():
@@ -200,7 +204,11 @@ class SharedEngines(KeptAnswers):
         and its writes committed with the batch's (:mod:`assets.event_batches`)."""
         ok = False
         try:
-            super().store_event(event)
+            if self._writes is not None and PreparedWrites.handles(event):
+                with serialized_once(event) if self._memo else contextlib.nullcontext():
+                    self._writes.store_event(event)
+            else:
+                super().store_event(event)
             ok = True
         finally:
             if self.batch is not None:
@@ -228,19 +236,20 @@ class SharedEngines(KeptAnswers):
 
 @contextlib.contextmanager
 def engines_shared(instance: dg.DagsterInstance, batch_run: str | None = None,
-                   serialize_once: bool = True) -> Iterator[bool]:
+                   serialize_once: bool = True, prepared: bool = True) -> Iterator[bool]:
     """Within the block, the instance's default SQLite event storage keeps one engine per
-    file (:class:`SharedEngines`), serializes each event once, and, given ``batch_run``,
-    commits that run's asset events in batches (:class:`assets.event_batches.Batch`);
-    yields whether it does (False for any other storage, or when a private name it relies
-    on is missing)."""
+    file (:class:`SharedEngines`), serializes each event once, writes materializations and
+    check evaluations with statements built once (``prepared``,
+    :mod:`assets.event_writes`), and, given ``batch_run``, commits that run's asset events
+    in batches (:class:`assets.event_batches.Batch`); yields whether it does (False for any
+    other storage, or when a private name it relies on is missing)."""
     storage = instance.event_log_storage
     if not engines_shareable(storage):
         yield False
         return
     assert isinstance(storage, SqliteEventLogStorage)
     with memo_installed() if serialize_once else contextlib.nullcontext(False) as memo:
-        shared = SharedEngines(storage, batch_run, memo)
+        shared = SharedEngines(storage, batch_run, memo, prepared)
         try:
             with methods_replaced(storage, dict(zip(REPLACED, (
                     shared.connect, shared.has_table, shared.has_asset_key_index_cols,

@@ -13,9 +13,11 @@ in one process per way of reporting, one after the other:
   (:func:`assets.event_storage.engines_shared` without its other parts: what
   ``event_files_held`` was before the two below);
 * ``serialized once``: the same, each event serialized once (:mod:`assets.event_memo`);
+* ``batched``: the same, the run's asset events committed in batches
+  (:mod:`assets.event_batches`: what ``event_files_held`` was before the one below);
 * ``event_files_held``: inside :func:`assets.event_storage.event_files_held` (what the
-  capture and check-sweep ops use: all of the above and the run's asset events committed in
-  batches, :mod:`assets.event_batches`).
+  capture and check-sweep ops use: all of the above, materializations and check evaluations
+  written with statements built once, :mod:`assets.event_writes`).
 
 For each it prints the milliseconds per event, wall and CPU, for each kind: CPU of the
 reporting thread and of the whole process (which includes the batches' flusher thread), and
@@ -44,7 +46,8 @@ from typing import Any
 
 import dagster as dg
 
-MODES = ("dagster", "files held", "engines shared", "serialized once", "event_files_held")
+MODES = ("dagster", "files held", "engines shared", "serialized once", "batched",
+         "event_files_held")
 POSTGRES_MODES = ("dagster", "connection kept", "event_files_held")
 
 
@@ -98,11 +101,12 @@ def measure(mode: str, count: int) -> dict[str, Any]:
     def held(context: dg.OpExecutionContext) -> Iterator[object]:
         instance, run_id = context.instance, context.run_id
         with ExitStack() as stack:
-            if mode in ("files held", "engines shared", "serialized once"):
+            if mode in ("files held", "engines shared", "serialized once", "batched"):
                 stack.enter_context(files_held(instance, run_id))
-            if mode in ("engines shared", "serialized once"):
-                stack.enter_context(engines_shared(instance,
-                                                   serialize_once=mode == "serialized once"))
+            if mode in ("engines shared", "serialized once", "batched"):
+                stack.enter_context(engines_shared(
+                    instance, run_id if mode == "batched" else None,
+                    serialize_once=mode != "engines shared", prepared=False))
             if mode == "connection kept":
                 stack.enter_context(postgres_connection_kept(instance, answers=False))
             if mode == "event_files_held":

@@ -24,6 +24,7 @@ not change:
 
 import contextlib
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -43,7 +44,7 @@ from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster_shared.serdes import deserialize_value, serialize_value
 
-from assets import event_batches, event_memo
+from assets import event_batches, event_memo, event_writes
 from assets.event_storage import (
     REPLACED,
     engines_shareable,
@@ -299,12 +300,24 @@ def _wiped_before(instance: dg.DagsterInstance) -> dg.DagsterInstance:
     return instance
 
 
-def test_a_run_inside_the_block_stores_what_it_stores_without() -> None:
+def test_a_run_inside_the_block_stores_what_it_stores_without(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared: list[str] = []
+    store = event_writes.PreparedWrites.store_event
+
+    def counted(self: event_writes.PreparedWrites, event: EventLogEntry) -> None:
+        prepared.append(event.dagster_event_type or "log")
+        store(self, event)
+
+    monkeypatch.setattr(event_writes.PreparedWrites, "store_event", counted)
     with dg.instance_for_test() as plain, dg.instance_for_test() as held:
         _wiped_before(plain)
         _wiped_before(held)
-        without = _stored(plain, _run(plain, held=False), "s")
-        within = _stored(held, _run(held, held=True), "s")
+        plain_run = _run(plain, held=False)
+        assert prepared == []
+        held_run = _run(held, held=True)
+        without = _stored(plain, plain_run, "s")
+        within = _stored(held, held_run, "s")
         assert SEEN["memo"], "each event was serialized as often as before"
         _expected_shape(without, "s")
         assert within == without
@@ -312,6 +325,44 @@ def test_a_run_inside_the_block_stores_what_it_stores_without() -> None:
         for instance in (plain, held):
             with _sqlite_index(instance) as conn:
                 _serialized_as_dagster_does(conn)
+        # the statements built once (assets/event_writes.py) wrote the materializations and
+        # check evaluations, and every row of both files is the one Dagster's own path writes
+        assert sorted(set(prepared)) == [dg.DagsterEventType.ASSET_CHECK_EVALUATION,
+                                         dg.DagsterEventType.ASSET_MATERIALIZATION]
+        assert len(prepared) == TABLES + len(DATES) + 2 * TABLES + 1
+        assert _rows_as_stored(held, held_run) == _rows_as_stored(plain, plain_run)
+
+
+def _rows_as_stored(instance: dg.DagsterInstance, run_id: str) -> dict[str, list[Any]]:
+    """Every row of the index and the run's event file, column by column, with what differs
+    between two runs of the same job on two fresh instances (the run's id, numbers: times,
+    pids; the compute logs' random key) masked: the columns written, NULLs, texts (event
+    texts as stored, not parsed) and the shape of each stored datetime stay."""
+    storage: Any = instance.event_log_storage
+    out: dict[str, list[Any]] = {}
+    for shard in ("index", run_id):
+        conn = sqlite3.connect(storage.path_for_shard(shard))
+        try:
+            tables = [name for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                "'sqlite%' AND name <> 'alembic_version' ORDER BY name")]
+            for table in tables:
+                cur = conn.execute(f'SELECT * FROM "{table}" ORDER BY rowid')
+                names = [d[0] for d in cur.description]
+                out[f"{'run' if shard == run_id else shard}.{table}"] = [
+                    [(name, _masked(value, run_id)) for name, value in zip(names, row,
+                                                                          strict=True)]
+                    for row in cur.fetchall()]
+        finally:
+            conn.close()
+    return out
+
+
+def _masked(value: Any, run_id: str) -> Any:
+    if isinstance(value, str):
+        value = re.sub(r'"log_key": "\w+"', '"log_key": "KEY"', value.replace(run_id, "RUN"))
+        return re.sub(r"\d+", "0", value)
+    return type(value).__name__ if isinstance(value, int | float) else value
 
 
 def _postgres_instance(dsn: str) -> contextlib.AbstractContextManager[dg.DagsterInstance]:
