@@ -23,6 +23,8 @@ files with the table's schema:
   and the all-null columns (``before``, ``transaction``, ``__toast_unchanged``) stay
   optional.
 * Data columns with few distinct values in the first row group are dictionary-encoded.
+  A first row group of fewer than ``PLAN_MIN_ROWS`` rows (a small table's) is not planned:
+  no dictionary, every integer column DELTA_BINARY_PACKED.
 * Every other integer-physical column (Parquet INT32/INT64: integers, dates, times,
   timestamps; e.g. ``key.id``, ``after.id``, silver ``id``) is written DELTA_BINARY_PACKED:
   sequential keys and timestamps pack to almost nothing, random values to about their bit

@@ -4,7 +4,8 @@ Chosen to be cheap to write and small (``capture/snapshot_convert.py`` explains 
 integer-physical columns DELTA_BINARY_PACKED and uncompressed unless their values span
 (nearly) their whole width, low-cardinality columns dictionary-encoded, everything else zstd
 level 1, statistics only for the flat columns Delta file statistics carry, no
-embedded Arrow schema (Delta readers read the files with the table's schema).
+embedded Arrow schema (Delta readers read the files with the table's schema). A small first
+row group (:data:`PLAN_MIN_ROWS`) is not planned: every integer column is delta-packed.
 """
 
 from __future__ import annotations
