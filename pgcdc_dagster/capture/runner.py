@@ -18,7 +18,15 @@ from pgcdc_dagster.capture.snapshot import (
     run_snapshot,
 )
 from pgcdc_dagster.capture.snapshot_modes import SNAPSHOT_MODES, normalise_mode
-from pgcdc_dagster.capture.stream import StreamReport, run_windows, stale_tables
+from pgcdc_dagster.capture.stream import (
+    CaptureSetLog,
+    StreamReport,
+    capture_set_log,
+    record_capture_set,
+    recreated_tables,
+    run_windows,
+    stale_tables,
+)
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
@@ -169,8 +177,10 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
     offsets = {name: c.offset for name, c in captured.built().items()}
     for ctx in run.changed():
         offsets.pop(ctx.relation.qualified, None)
+    log_now = capture_set_log(settings)
+    recreated = recreated_tables(log_now, captured.relations)
     run.resnapshot = resnapshot_returning_tables(settings, spark, captured, run, progress,
-                                                 offsets)
+                                                 offsets, log_now)
     for ctx in run.resnapshot:
         offsets.pop(ctx.relation.qualified, None)
     with connection(settings.dsn) as conn:
@@ -179,14 +189,45 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
     run.stream = run_windows(settings, selected, ident, offsets=offsets)
     progress(f"stream: {len(run.stream.windows)} windows, {run.stream.start} -> "
              f"{run.stream.end}, slot lag {run.stream.slot_lag_bytes} bytes")
+    if recreated:
+        run.resnapshot += resnapshot_recreated_tables(settings, spark, captured, recreated,
+                                                      run, progress)
     return run
+
+
+def resnapshot_recreated_tables(settings: CaptureSettings, spark: SparkLike,
+                                captured: CapturedTables, recreated: Collection[tuple[str, str]],
+                                run: BronzeRun, progress: Callable[[str], None]
+                                ) -> list[TableContext]:
+    """Snapshot again the tables dropped and created again under their name (another
+    relation OID than the capture-set log holds), after the windows that still held the
+    dropped table's changes: those stay in bronze as they happened, and the snapshot, at a
+    later point, replaces silver (the dropped table's rows, and the new table's rows written
+    before it joined the publication, are in no change event). Then the log takes the new
+    OIDs; a crash before that snapshots them again."""
+    contexts = [captured[name] for name in recreated]
+    names = ", ".join(c.name for c in contexts)
+    progress(f"{names}: dropped and created again since the last run; snapshotting again")
+    again = run_snapshot(dataclasses.replace(settings, snapshot_mode="always"), spark,
+                         force=True, contexts=contexts, progress=progress)
+    run.notes.append(f"re-snapshot of {names} (dropped and created again): {again.rows} rows "
+                     f"at {again.consistent_point}")
+    log_now: CaptureSetLog = capture_set_log(settings)
+    with connection(settings.dsn) as conn:
+        info = slot_info(conn, settings.slot)
+    if log_now and info is not None and info.confirmed_flush_lsn is not None:
+        _, tables, oids = log_now[-1]
+        record_capture_set(settings, info.confirmed_flush_lsn, sorted(tables), log_now,
+                           {**oids, **{c.relation.qualified: c.relation.oid for c in contexts}})
+    return contexts
 
 
 def resnapshot_returning_tables(settings: CaptureSettings, spark: SparkLike,
                                 captured: Sequence[TableContext] | CapturedTables,
                                 run: BronzeRun,
                                 progress: Callable[[str], None],
-                                offsets: Mapping[tuple[str, str], int | None] | None = None
+                                offsets: Mapping[tuple[str, str], int | None] | None = None,
+                                log: CaptureSetLog | None = None
                                 ) -> list[TableContext]:
     """Snapshot again the tables that come back to the capture set after windows were read
     without them: their old offset would resume the stream past the changes made meanwhile.
@@ -196,7 +237,7 @@ def resnapshot_returning_tables(settings: CaptureSettings, spark: SparkLike,
         info = slot_info(conn, settings.slot)
     if info is None or info.confirmed_flush_lsn is None:
         return []
-    stale = stale_tables(settings, captured, info.confirmed_flush_lsn, offsets=offsets)
+    stale = stale_tables(settings, captured, info.confirmed_flush_lsn, log, offsets=offsets)
     if not stale:
         return []
     names = ", ".join(c.name for c in stale)

@@ -193,7 +193,7 @@ def reusable_chunks(plan: TablePlan, chunks: Mapping[int, ChunkDone],
     return {i: c for i, c in chunks.items() if c.lsn >= stream_from}
 
 
-def missed_windows(log: Sequence[tuple[int, Collection[TableName]]], table: TableName,
+def missed_windows(log: Sequence[tuple[int, Collection[TableName], object]], table: TableName,
                    offset: int, confirmed: int) -> bool:
     """True when windows after the table's offset were read without the table.
 
@@ -204,7 +204,7 @@ def missed_windows(log: Sequence[tuple[int, Collection[TableName]]], table: Tabl
     reused (it needs a new snapshot, which replaces silver).
     """
     ordered = sorted(log, key=lambda r: r[0])
-    for i, (position, tables) in enumerate(ordered):
+    for i, (position, tables, _) in enumerate(ordered):
         until = ordered[i + 1][0] if i + 1 < len(ordered) else confirmed
         if table not in tables and until > max(offset, position):
             return True

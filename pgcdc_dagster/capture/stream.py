@@ -163,9 +163,12 @@ def _maybe_truncated(window: Window, cap: int) -> bool:
 CAPTURE_SET_SCHEMA = pa.schema([
     pa.field("position", pa.int64(), nullable=False),
     pa.field("tables", pa.list_(pa.struct([pa.field("schema", pa.string()),
-                                           pa.field("table", pa.string())]))),
+                                           pa.field("table", pa.string()),
+                                           pa.field("oid", pa.int64())]))),
     pa.field("recorded_ms", pa.int64()),
 ])
+"""``oid``: the table's relation OID when the set was recorded (null in logs written before
+it was kept): a table dropped and created again under its name has another one."""
 
 
 def capture_set_uri(lakehouse: str, slot: str) -> str:
@@ -173,18 +176,37 @@ def capture_set_uri(lakehouse: str, slot: str) -> str:
     return f"{slot_root(lakehouse, slot)}/capture_set"
 
 
-CaptureSetLog = list[tuple[int, frozenset[tuple[str, str]]]]
+CaptureSetLog = list[tuple[int, frozenset[tuple[str, str]], dict[tuple[str, str], int]]]
+"""``(slot position, tables, their relation OIDs where recorded)``, oldest first."""
 
 
 def capture_set_log(settings: CaptureSettings) -> CaptureSetLog:
-    """The capture sets windows were read with: ``(slot position, tables)``, oldest first."""
+    """The capture sets windows were read with, oldest first."""
     table = open_table(capture_set_uri(settings.lakehouse, settings.slot))
     if table is None:
         return []
     rows = sorted(table.to_pyarrow_table().to_pylist(),
                   key=lambda r: (r["position"], r["recorded_ms"]))
-    return [(int(r["position"]), frozenset((t["schema"], t["table"]) for t in r["tables"]))
+    return [(int(r["position"]), frozenset((t["schema"], t["table"]) for t in r["tables"]),
+             {(t["schema"], t["table"]): int(t["oid"]) for t in r["tables"]
+              if t.get("oid") is not None})
             for r in rows]
+
+
+def recreated_tables(log: CaptureSetLog, relations: Sequence[Relation]
+                     ) -> dict[tuple[str, str], int]:
+    """The captured tables dropped and created again under their name since the capture set
+    was last recorded (their relation OID changed), with the OID recorded for them.
+
+    Nothing tells a dropped table's events apart in bronze or silver (pgoutput sends no
+    DROP), and the new table's rows written before it joined the publication are in no
+    window: its silver must be snapshotted again (:func:`record_capture_set` keeps the old
+    OID until then)."""
+    if not log:
+        return {}
+    before = log[-1][2]
+    return {r.qualified: before[r.qualified] for r in relations
+            if before.get(r.qualified, r.oid) != r.oid}
 
 
 def last_capture_set(settings: CaptureSettings) -> frozenset[tuple[str, str]]:
@@ -195,19 +217,24 @@ def last_capture_set(settings: CaptureSettings) -> frozenset[tuple[str, str]]:
 
 def record_capture_set(settings: CaptureSettings, position: Lsn,
                        tables: Sequence[tuple[str, str]],
-                       log: CaptureSetLog | None = None) -> None:
-    """Log the tables the windows from ``position`` on are read for, when that set changed.
+                       log: CaptureSetLog | None = None,
+                       oids: Mapping[tuple[str, str], int] | None = None) -> None:
+    """Log the tables the windows from ``position`` on are read for (with their relation
+    ``oids``), when that set changed.
 
     A table removed from the capture set keeps its bronze offset, but the windows read
     while it was out dropped its changes; this log is how the next run knows (see
-    :func:`stale_tables`). ``log``: the log already read by the caller."""
+    :func:`stale_tables`, :func:`recreated_tables`). ``log``: the log already read by the
+    caller."""
     log = capture_set_log(settings) if log is None else log
     current = frozenset(tables)
-    if log and log[-1][1] == current:
+    known = {k: v for k, v in (oids or {}).items() if k in current}
+    if log and log[-1][1] == current and log[-1][2] == known:
         return
     data = pa.table({
         "position": [int(position)],
-        "tables": [[{"schema": s, "table": t} for s, t in sorted(current)]],
+        "tables": [[{"schema": s, "table": t, "oid": known.get((s, t))}
+                    for s, t in sorted(current)]],
         "recorded_ms": [max(int(time.time() * 1000), _last_ms(settings) + 1)],
     }, schema=CAPTURE_SET_SCHEMA)
     append_arrow(capture_set_uri(settings.lakehouse, settings.slot), data,
@@ -264,6 +291,8 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext] | Ca
     """Read and write windows until caught up, out of windows, or out of time.
 
     ``offsets``: bronze offsets by ``(schema, table)`` known to be current (:func:`stale_tables`).
+    A table dropped and created again keeps its old OID in the capture-set log until
+    :func:`~pgcdc_dagster.capture.runner.run_bronze` has snapshotted it again.
     Of :class:`CapturedTables`, only the tables the windows carry events for are built
     (their bronze opened): an idle table is not touched (issue 16).
     """
@@ -287,7 +316,9 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext] | Ca
                 "out of the capture set, so its changes of that time are not in bronze and "
                 "its offset cannot be reused. Run the micro-batch (bronze) job first: it "
                 "snapshots the table again and replaces its silver.")
-        record_capture_set(settings, position, by_name.names, log)
+        oids = {r.qualified: r.oid for r in by_name.relations}
+        oids.update(recreated_tables(log, by_name.relations))
+        record_capture_set(settings, position, by_name.names, log, oids)
         heartbeat(conn, settings)
         report.start = position
         cache = _ConverterCache(settings.dsn, settings)
