@@ -44,9 +44,10 @@ from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.lake.silver import META_NAMES
 from pgcdc_dagster.names import display_name
 from pgcdc_dagster.ops.delta_stats import TableStats, growth, live_row_count, table_stats
-from pgcdc_dagster.ops.lsn_windows import bronze_commits
+from pgcdc_dagster.ops.lsn_windows import BronzeCommit, bronze_commits
 from pgcdc_dagster.ops.schema_drift import normalise_type
 from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
+from pgcdc_dagster.ops.table_facts import CommitFacts
 from pgcdc_dagster.postgres.discovery import Resolution, SkippedTable
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
@@ -281,13 +282,17 @@ def meta_table_metadata(stream: StreamReport | None, name: str, uri: str,
 
 def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats,
                      bronze_from: int | None, health: SlotHealth | None,
-                     snapshot: TableStats | None = None) -> dict[str, Any]:
+                     snapshot: TableStats | None = None,
+                     commits: Sequence[BronzeCommit] | None = None) -> dict[str, Any]:
     """Metadata of one silver materialization; ``bronze_from`` is the bronze version the
     previous materialization had applied (None: this is the first). ``snapshot``: silver as
-    the snapshot's commit just created or replaced it (every row live), not read back."""
+    the snapshot's commit just created or replaced it (every row live), not read back;
+    ``commits``: bronze's capture commits when known (the snapshot commit created bronze),
+    not read back."""
     after = snapshot if snapshot is not None else table_stats(ctx.silver_uri)
     added = growth(before, after, ctx.silver_uri)
-    commits, _ = bronze_commits(ctx.bronze_uri)
+    if commits is None:
+        commits, _ = bronze_commits(ctx.bronze_uri)
     earlier = [c for c in commits if bronze_from is not None and c.version <= bronze_from]
     applied = [c for c in commits if (bronze_from is None or c.version > bronze_from)
                and c.version <= report.bronze_to]
@@ -324,6 +329,15 @@ def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats
         meta["lsn_start"] = str(earlier[-1].end if earlier else applied[0].end)
         meta["lsn_end"] = str(applied[-1].end)
     return meta
+
+
+def committed_facts(run: BronzeRun) -> dict[str, CommitFacts]:
+    """What the run's snapshot commits know of the tables they created, by table name, while
+    no window has written since (then the light checks and reports need not read the logs
+    back; issue 16)."""
+    if run.snapshot is None or run.stream is not None:
+        return {}
+    return {t.table: t.facts for t in run.snapshot.tables}
 
 
 def build_capture_assets(tables: Sequence[tuple[str, str]],

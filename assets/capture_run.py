@@ -46,6 +46,7 @@ from assets.capture import (
     BronzeConfig,
     _bronze_metadata,
     _silver_metadata,
+    committed_facts,
     meta_key,
     meta_table_metadata,
     previous_of,
@@ -286,7 +287,8 @@ class _Reporter:
         context, instance = self.context, self.context.instance
         with ThreadPoolExecutor(1, thread_name_prefix="pgcdc-facts") as facts_pool:
             # the checks' Delta log reads while the materializations are written
-            facts = facts_pool.submit(light_check_facts, changed, self.settings)
+            facts = facts_pool.submit(light_check_facts, changed, self.settings,
+                                      committed_facts(run))
             self._materializations(run, changed, silver, health, seconds, meta_tables)
             with shared_reads():
                 for result in light_check_results(
@@ -330,11 +332,13 @@ class _Reporter:
             # silver as the snapshot's commit left it, when nothing was applied since
             snapped = run.snapshot.table(ctx.name) if run.snapshot is not None and \
                 run.stream is None and report.events == 0 else None
+            created = snapped.facts.bronze if snapped is not None else None
             with shared_reads():
                 known = snapped.silver_stats if snapped is not None else None
                 return _silver_metadata(report, ctx, _before(version, ctx.silver_uri),
                                         bronze_from, health, known if known is not None and
-                                        known.version == report.silver_version else None)
+                                        known.version == report.silver_version else None,
+                                        created.commits if created is not None else None)
 
         with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
             for (ctx, _), meta in zip(applied, pool.map(silver_meta, applied), strict=True):

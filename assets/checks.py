@@ -17,7 +17,7 @@ why, so a micro-batch run never fails because of a check.
 
 # No ``from __future__ import annotations``: Dagster reads the resource annotations.
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -48,7 +48,7 @@ from pgcdc_dagster.ops.lsn_windows import (
 from pgcdc_dagster.ops.schema_drift import compare_schemas, silver_schema_of
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import HEALTHY_WAL_STATUS, SlotHealth, slot_health
-from pgcdc_dagster.ops.table_facts import TableFacts, read_all_facts, read_facts
+from pgcdc_dagster.ops.table_facts import CommitFacts, TableFacts, read_all_facts, read_facts
 from pgcdc_dagster.postgres.connection import redact
 from pgcdc_dagster.postgres.discovery import SkippedTable
 from pgcdc_dagster.postgres.privileges import explain_error
@@ -279,11 +279,13 @@ def _evaluated(key: dg.AssetCheckKey,
         return not_evaluated(key, explain_error(exc, redact))
 
 
-def light_check_facts(contexts: Sequence[TableContext], settings: MonitorSettings
+def light_check_facts(contexts: Sequence[TableContext], settings: MonitorSettings,
+                      known: Mapping[str, CommitFacts] | None = None
                       ) -> list[TableFacts | Exception]:
     """What the light checks read from the tables' Delta logs (once each; a table that
-    cannot be read gets why)."""
-    return read_all_facts(contexts, settings.history_limit, EXPECTED_ERRORS)
+    cannot be read gets why). ``known``: what the run's commits know, by table name
+    (:func:`~assets.capture.committed_facts`): those tables are not read."""
+    return read_all_facts(contexts, settings.history_limit, EXPECTED_ERRORS, known=known)
 
 
 def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableContext],

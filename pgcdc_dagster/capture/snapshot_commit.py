@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -39,11 +39,13 @@ from pgcdc_dagster.lake.delta import (
     committed_version,
     create_with_files,
     ensure_table,
+    first_protocol_of,
     open_table,
 )
 from pgcdc_dagster.lake.evolution import SchemaChangeError, conflicts, evolve
 from pgcdc_dagster.lake.storage import delete_file, join
 from pgcdc_dagster.ops.delta_stats import TableStats
+from pgcdc_dagster.ops.table_facts import CommitFacts, CreatedBronze, WrittenSilver, logged_schema
 from pgcdc_dagster.spark.snapshot_tasks import SnapshotFile
 
 
@@ -69,6 +71,8 @@ class TableSnapshotReport:
     silver_stats: TableStats | None = None
     """Silver as this run's commit left it (created or replaced: its files are all the table
     holds, every row live). None: read it."""
+    facts: CommitFacts = field(default_factory=CommitFacts)
+    """What the checks would read back of the tables this commit created (issue 16)."""
 
 
 def snapshot_app_id(app_prefix: str, ctx: TableContext) -> str:
@@ -119,18 +123,33 @@ def commit_table(ctx: TableContext, done: Mapping[int, ChunkDone], *, app_prefix
     silver = create_with_files(ctx.silver_uri, ctx.silver_schema, s_files,
                                properties=commit_properties(ctx.silver_app_id, b_version, meta))
     s_stats: TableStats | None = None
+    written: WrittenSilver | None = None
     if silver is None:
         s_version = 0
         s_stats = files_stats(0, s_files)
+        written = _written_silver(ctx.silver_schema, b_version, s_files)
     elif version_of(silver, snapshot_id) >= 0:
         s_version = silver.version()
     else:
         s_version = commit_files(silver, s_files, ctx.silver_schema, mode="overwrite",
                                  app_id=ctx.silver_app_id, version=b_version, metadata=meta)
         s_stats = files_stats(s_version, s_files)
+    facts = CommitFacts(CreatedBronze(lsn) if b_stats is not None else None, written)
     return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn, resumed,
                                silver_current=latest == b_version, bronze_stats=b_stats,
-                               silver_stats=s_stats)
+                               silver_stats=s_stats, facts=facts)
+
+
+def _written_silver(schema: pa.Schema, applied: int,
+                    files: Sequence[DataFile]) -> WrittenSilver | None:
+    """Silver as its creating commit wrote it (None when the protocol it got is not known
+    here: a reader reads it back)."""
+    protocol = first_protocol_of(schema)
+    if protocol is None:
+        return None
+    plain = protocol["minReaderVersion"] == 1  # no partitions either: plain Parquet files
+    return WrittenSilver(0, applied, logged_schema(schema),
+                         tuple(f.path for f in files) if plain else None)
 
 
 def files_stats(version: int, files: Sequence[DataFile]) -> TableStats:

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import psycopg2.extensions
 import pyarrow as pa
@@ -88,12 +89,14 @@ class TableContext:
         """The table's identity as text (:func:`pgcdc_dagster.names.table_id`)."""
         return table_id(self.relation.namespace, self.relation.name)
 
-    @property
+    @cached_property
     def bronze_schema(self) -> pa.Schema:
+        """Built once per context (a run asks several times per table: commits, reports)."""
         return bronze_schema(self.relation, self.converters)
 
-    @property
+    @cached_property
     def silver_schema(self) -> pa.Schema:
+        """Built once per context."""
         return silver_schema(self.relation, self.converters)
 
     @property

@@ -28,6 +28,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
 from pgcdc_dagster.lake.file_stats import delta_stats
+from pgcdc_dagster.lake.first_commit import TableExists, first_protocol, write_first_commit
 from pgcdc_dagster.lake.paths import is_local
 from pgcdc_dagster.lake.storage import filesystem, storage_options
 
@@ -125,14 +126,39 @@ def create_with_files(uri: str, schema: pa.Schema, files: Sequence[DataFile], *,
     commit, version 0, carrying ``properties`` (app transactions, metadata): one commit where
     :func:`ensure_table` then :func:`commit_files` make two. None once created; when a table
     exists there already, nothing is written and that table is returned (the caller commits
-    to it the usual way)."""
+    to it the usual way).
+
+    On local storage the commit is written as delta-rs would write it, without delta-rs's
+    create, which also lists the log first and loads the new table back
+    (``lake/first_commit.py``; issue 16); elsewhere, or for a schema whose protocol that
+    module does not decide, delta-rs creates it."""
     ensure_safe_commits(uri)
+    delta_schema = DeltaSchema.from_arrow(schema)
     if is_local(uri):
-        _make_local_dir(uri)
+        schema_json = delta_schema.to_json()
+        protocol = first_protocol(schema_json)
+        if protocol is None:
+            _make_local_dir(uri)
+        else:
+            try:
+                write_first_commit(
+                    uri, schema_json, protocol, [(f.path, f.size, f.stats) for f in files],
+                    [(t.app_id, t.version) for t in properties.app_transactions or []],
+                    properties.custom_metadata or {})
+            except TableExists:
+                existing = open_table(uri)
+                if existing is not None:
+                    return existing
+                # the log holds something, but no table: delta-rs decides, as it always did
+            except OSError:
+                _make_local_dir(uri)  # the ConfigurationError naming the fix, if that is it
+                raise
+            else:
+                return None
     now = int(time.time() * 1000)
     actions = [AddAction(f.path, f.size, {}, now, True, f.stats) for f in files]
     try:
-        create_table_with_add_actions(uri, DeltaSchema.from_arrow(schema), actions, mode="error",
+        create_table_with_add_actions(uri, delta_schema, actions, mode="error",
                                       storage_options=storage_options(uri),
                                       commit_properties=properties)
     except DeltaError:
@@ -141,6 +167,12 @@ def create_with_files(uri: str, schema: pa.Schema, files: Sequence[DataFile], *,
             return existing  # a table was there (or was just created by another writer)
         raise
     return None
+
+
+def first_protocol_of(schema: pa.Schema) -> dict[str, Any] | None:
+    """The protocol :func:`create_with_files` gives a new table of ``schema`` (None: the one
+    delta-rs decides)."""
+    return first_protocol(DeltaSchema.from_arrow(schema).to_json())
 
 
 def _make_local_dir(path: str) -> None:

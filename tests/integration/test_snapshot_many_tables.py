@@ -6,6 +6,11 @@ progress table is appended per batch of results rather than per chunk, every tab
 silver are two Delta commits (each table created by the commit holding its rows), and silver
 equals the source; changes made afterwards stream into
 every table's silver from its snapshot offset.
+
+What the checks and reports would read back of each table the snapshot created (versions, app
+transactions, its capture commit, schema, files, stats) is known from the commit: built from
+it, the facts, the silver metadata and the light checks' results equal those read from the
+Delta logs, for every table (the empty one and the multi-chunk ones included).
 """
 
 from __future__ import annotations
@@ -14,12 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from pgcdc_dagster.capture.runner import run_bronze, run_silver
+from assets.capture import _silver_metadata, committed_facts
+from assets.checks import table_check_results
+from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot_commit import TableSnapshotReport
 from pgcdc_dagster.capture.snapshot_state import SnapshotLog, progress_uri
 from pgcdc_dagster.lake.delta import open_table
 from pgcdc_dagster.lake.paths import table_uri
+from pgcdc_dagster.ops.delta_stats import TableStats, table_stats
+from pgcdc_dagster.ops.lsn_windows import RunRange
+from pgcdc_dagster.ops.table_facts import read_facts
 from pgcdc_dagster.spark.snapshot_tasks import GROUP_MAX_CHUNKS
 from tests.support.compare import assert_silver_equals_source
 
@@ -85,13 +95,51 @@ def _two_commits_per_table(settings: CaptureSettings, lakehouse: Path,
         assert silver.transaction_version(f"{prefix}:silver:{report.table}") == 0
 
 
+def _known_equals_read_back(run: BronzeRun, checked: list[str],
+                            history_limit: int = 200) -> None:
+    """Facts, silver metadata and light-check results built from what the commits wrote
+    equal those read back from the logs, table by table, as a batch of tables is committed
+    (the lean job reports them then; same run, both ways)."""
+    known = committed_facts(run)
+    assert run.snapshot is not None and set(known) == {t.table for t in run.snapshot.tables}
+    current = run.current_silver()
+    lsn = run.snapshot.consistent_point
+    runs = [RunRange("this run", lsn, None, None)]
+    for ctx in run.changed():
+        report = run.snapshot.table(ctx.name)
+        assert report is not None
+        facts = known[ctx.name]
+        assert facts.bronze is not None and facts.silver is not None, ctx.name
+        built, read = read_facts(ctx, history_limit, facts), read_facts(ctx, history_limit)
+        assert built == read, ctx.name
+        assert built.silver_schema is not None and read.silver_schema is not None
+        assert built.silver_schema.equals(read.silver_schema, check_metadata=True)
+        assert built.commits and built.silver_files is not None
+        assert sorted(built.silver_files) == sorted(read.silver_files or ())
+        for known_stats, uri in ((report.bronze_stats, ctx.bronze_uri),
+                                 (report.silver_stats, ctx.silver_uri)):
+            assert known_stats == table_stats(uri), uri
+        silver = current[ctx.name]
+        both = [_silver_metadata(silver, ctx, TableStats(None), None, None, snapshot=s,
+                                 commits=c)
+                for s, c in ((report.silver_stats, facts.bronze.commits), (None, None))]
+        assert both[0] == both[1], ctx.name
+        results = [[(r.check_name, r.passed, r.severity, r.description, r.metadata)
+                    for r in table_check_results(ctx, f, runs, lsn)] for f in (built, read)]
+        assert results[0] == results[1] and all(r[1] for r in results[0]), results
+        checked.append(ctx.name)
+
+
 def test_many_small_tables_share_tasks_and_converge(pg_dsn, pg_conn, spark, lakehouse) -> None:
     _create(pg_conn)
     settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), include=("many\\..*",),
                                slot="many", publication="many",
                                snapshot_chunk_bytes=256 << 10)
     tables = [f"s{i}" for i in range(SMALL)] + list(BIG)
-    run = run_bronze(settings, spark, force_snapshot_step=True)
+    checked: list[str] = []
+    run = run_bronze(settings, spark, force_snapshot_step=True,
+                     on_committed=lambda part: _known_equals_read_back(part, checked))
+    assert sorted(checked) == sorted(f"many.{t}" for t in tables)
     snap = run.snapshot
     assert snap is not None and snap.performed
     assert sorted(t.table for t in snap.tables) == sorted(f"many.{t}" for t in tables)
