@@ -120,9 +120,11 @@ def write_first_commit(path: str, schema_json: str, protocol: Mapping[str, Any],
     """
     log = os.path.join(path, LOG_DIR)
     try:
+        os.mkdir(log)  # a new log: nothing to look at (the usual case, one call)
+    except FileExistsError:
         if any(not name.startswith(TEMP_PREFIX) for name in os.listdir(log)):
-            raise TableExists(path)
-    except FileNotFoundError:
+            raise TableExists(path) from None
+    except FileNotFoundError:  # no table directory yet (a table without files)
         os.makedirs(log, exist_ok=True)
     now = int(time.time() * 1000)
     metadata: dict[str, Any] = {
