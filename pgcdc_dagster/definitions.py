@@ -49,7 +49,7 @@ from assets.signals import build_signal_sensor, signal_job
 from pgcdc_dagster.cdc.plugins import PGOUTPUT
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.memory import use_returning_pool
-from pgcdc_dagster.ops.settings import MonitorSettings
+from pgcdc_dagster.ops.settings import MonitorSettings, parse_bytes
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
     KeyFor,
@@ -58,6 +58,7 @@ from pgcdc_dagster.postgres.discovery import (
     leave_out_partitioned,
     resolve_capture,
 )
+from pgcdc_dagster.spark.session import check_master
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from resources.capture import split_list
 
@@ -78,6 +79,8 @@ _CAPTURE_INT_ENV = {
     "vacuum_retention_hours": "PGCDC_VACUUM_RETENTION_HOURS",
     "target_file_bytes": "PGCDC_TARGET_FILE_BYTES",
 }
+_AT_LEAST = {"tombstone_retention_hours": 0, "vacuum_retention_hours": 1}
+"""Lower bounds checked here; the engine's settings check the others (capture/settings.py)."""
 
 
 # owners= and backfill_policy= are Dagster beta parameters used on purpose; without this their
@@ -91,13 +94,49 @@ def _env_or(name: str, default: str) -> str | dg.EnvVar:
     return dg.EnvVar(name) if os.environ.get(name) else default
 
 
+def _capture_ints(environ: Mapping[str, str]) -> dict[str, int]:
+    """The integer settings the environment sets (``target_file_bytes`` as a size: ``1MB``),
+    each checked against its lower bound; ConfigurationError naming the variable."""
+    out: dict[str, int] = {}
+    for field, env in _CAPTURE_INT_ENV.items():
+        text = environ.get(env, "").strip()
+        if not text:
+            continue
+        if field == "target_file_bytes":
+            value = parse_bytes(text, env)
+        elif text.lstrip("-").replace("_", "").isdigit():
+            value = int(text.replace("_", ""))
+        else:
+            raise ConfigurationError(f"{env} = {text!r} is not an integer; write e.g. "
+                                     f"{CaptureResource.model_fields[field].default}")
+        least = _AT_LEAST.get(field)
+        if least is not None and value < least:
+            raise ConfigurationError(f"{env} = {value} is out of range: use {least} or more")
+        out[field] = value
+    return out
+
+
+def check_environment(environ: Mapping[str, str]) -> dict[str, int]:
+    """Refuse, when the code location loads, what a run would refuse only once it started
+    (some of it after creating the slot and the publication): an unknown snapshot mode or
+    plugin, a slot name PostgreSQL refuses, a count out of range, a Spark master that is
+    not one. Each message names the variable and the fix. Returns the integer settings."""
+    ints = _capture_ints(environ)
+    strings = {field: environ[env] for field, env in _CAPTURE_ENV.items() if environ.get(env)}
+    CaptureResource(**strings, **ints).settings("", "")  # type: ignore[arg-type]
+    if environ.get("PGCDC_SPARK_MASTER"):
+        check_master(environ["PGCDC_SPARK_MASTER"])
+    return ints
+
+
 def default_resources() -> dict[str, dg.ConfigurableResource]:  # type: ignore[type-arg]
-    """Resources configured from the documented environment variables."""
+    """Resources configured from the documented environment variables (checked first:
+    :func:`check_environment`)."""
+    ints = check_environment(os.environ)
     capture_kwargs: dict[str, object] = {
         field: dg.EnvVar(env) for field, env in _CAPTURE_ENV.items() if os.environ.get(env)
     }
-    capture_kwargs.update({field: dg.EnvVar.int(env) for field, env in _CAPTURE_INT_ENV.items()
-                           if os.environ.get(env)})
+    capture_kwargs.update(ints)
     return {
         "postgres": PostgresResource(dsn=dg.EnvVar("PGCDC_PG_DSN")),
         "lakehouse": LakehouseResource(root=_env_or("PGCDC_LAKEHOUSE", DEFAULT_LAKEHOUSE)),

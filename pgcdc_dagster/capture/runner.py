@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 from pgcdc_dagster.capture.captured import CapturedTables
 from pgcdc_dagster.capture.faults import crash_point
-from pgcdc_dagster.capture.settings import CaptureSettings
+from pgcdc_dagster.capture.settings import SNAPSHOT_MODES, CaptureSettings
 from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
 from pgcdc_dagster.capture.snapshot import (
     SnapshotReport,
     load_captured,
     run_snapshot,
 )
-from pgcdc_dagster.capture.snapshot_modes import SNAPSHOT_MODES, normalise_mode
+from pgcdc_dagster.capture.snapshot_modes import normalise_mode
 from pgcdc_dagster.capture.stream import (
     CaptureSetLog,
     StreamReport,

@@ -12,6 +12,10 @@ DEFAULT_INCREMENTAL_CHUNK_SIZE = 65536
 """``incremental.snapshot.chunk.size`` default, measured (docs/incremental.md)."""
 SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 """What PostgreSQL accepts as a replication slot name (``ReplicationSlotValidateName``)."""
+SNAPSHOT_MODES = ("initial", "initial_only", "no_data", "never", "always", "when_needed")
+"""``snapshot.mode`` values (``never`` is Debezium's old name of ``no_data``)."""
+MIN_TARGET_FILE_BYTES = 1024
+"""Smallest ``target_file_bytes``: below it every row would get a file of its own."""
 DEFAULT_STATEMENT_TIMEOUT_MS = 600_000
 """Default ``statement_timeout`` of statements that run user SQL (10 minutes: far above a
 chunk's read, short enough that a runaway filter does not hold the slot for hours)."""
@@ -118,6 +122,20 @@ class CaptureSettings:
                 f"slot.name (PGCDC_SLOT) {self.slot!r} is not a valid replication slot name: "
                 "PostgreSQL allows lower-case letters, digits and '_' only, 1 to 63 characters "
                 "(e.g. 'orders_cdc')")
+        if self.snapshot_mode not in SNAPSHOT_MODES:
+            raise ConfigurationError(
+                f"snapshot.mode (PGCDC_SNAPSHOT_MODE) {self.snapshot_mode!r} is not supported; "
+                f"use one of {', '.join(SNAPSHOT_MODES)}")
+        for what, value, least in (
+                ("incremental.snapshot.chunk.size (PGCDC_INCREMENTAL_CHUNK_SIZE)",
+                 self.incremental_chunk_size, 1),
+                ("PGCDC_INCREMENTAL_STATEMENT_TIMEOUT_MS (0: no timeout)",
+                 self.incremental_statement_timeout_ms, 0),
+                ("target_file_bytes (PGCDC_TARGET_FILE_BYTES)", self.target_file_bytes,
+                 MIN_TARGET_FILE_BYTES)):
+            # A chunk size of 0 made an incremental snapshot read no row and report it done.
+            if value < least:
+                raise ConfigurationError(f"{what} = {value} is out of range: use {least} or more")
 
     @property
     def app_prefix(self) -> str:

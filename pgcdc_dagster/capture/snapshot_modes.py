@@ -58,11 +58,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pgcdc_dagster.capture.settings import SNAPSHOT_MODES
 from pgcdc_dagster.capture.snapshot_state import ChunkDone, SnapshotState, TableName, TablePlan
 from pgcdc_dagster.exceptions import ConfigurationError, SlotLostError
 from pgcdc_dagster.postgres.slot import SlotInfo
-
-SNAPSHOT_MODES = ("initial", "initial_only", "no_data", "never", "always", "when_needed")
 
 
 def normalise_mode(mode: str) -> str:

@@ -46,3 +46,48 @@ def test_plugin_name_reaches_the_engine(monkeypatch) -> None:
     assert isinstance(capture, CaptureResource)
     env = capture.plugin_name
     assert isinstance(env, dg.EnvVar) and env.get_value() == "decoderbufs"
+
+
+@pytest.mark.parametrize(("env", "value", "message"), [
+    ("PGCDC_SNAPSHOT_MODE", "intial", r"snapshot\.mode \(PGCDC_SNAPSHOT_MODE\) 'intial'.*"
+     "initial, initial_only"),
+    ("PGCDC_PLUGIN_NAME", "pgoutptu", r"'pgoutptu' is not supported.*PGCDC_PLUGIN_NAME"),
+    ("PGCDC_SLOT", "Bad-Name", r"PGCDC_SLOT.*'Bad-Name'"),
+    ("PGCDC_INCREMENTAL_CHUNK_SIZE", "abc", r"PGCDC_INCREMENTAL_CHUNK_SIZE = 'abc' is not an "
+     "integer"),
+    ("PGCDC_INCREMENTAL_CHUNK_SIZE", "0", r"\(PGCDC_INCREMENTAL_CHUNK_SIZE\) = 0 is out of "
+     "range: use 1 or more"),
+    ("PGCDC_INCREMENTAL_STATEMENT_TIMEOUT_MS", "-1", r"TIMEOUT_MS.* = -1 is out of range"),
+    ("PGCDC_TOMBSTONE_RETENTION_HOURS", "-1", r"PGCDC_TOMBSTONE_RETENTION_HOURS = -1"),
+    ("PGCDC_VACUUM_RETENTION_HOURS", "0", r"PGCDC_VACUUM_RETENTION_HOURS = 0 .*1 or more"),
+    ("PGCDC_TARGET_FILE_BYTES", "0", r"\(PGCDC_TARGET_FILE_BYTES\) = 0 .*1024 or more"),
+    ("PGCDC_TARGET_FILE_BYTES", "1MiB", r"PGCDC_TARGET_FILE_BYTES = '1MiB' is not a size"),
+    ("PGCDC_SPARK_MASTER", "lcal[2]", r"'lcal\[2\]' is not a Spark master URL.*"
+     "PGCDC_SPARK_MASTER"),
+])
+def test_a_wrong_variable_fails_the_load_naming_it(monkeypatch, env, value, message) -> None:
+    """QA: what a run refused only once it had started (a bad Spark master after creating the
+    slot and publication), or never (PGCDC_INCREMENTAL_CHUNK_SIZE=0 made an incremental
+    snapshot read no row and report it done), fails the shipped definitions' resources, which
+    the code location builds when it loads, with the variable and the fix named."""
+    from pgcdc_dagster.definitions import default_resources
+    from pgcdc_dagster.exceptions import ConfigurationError
+
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigurationError, match=message):
+        default_resources()
+
+
+def test_integer_variables_reach_the_resource(monkeypatch) -> None:
+    """Counts as plain integers, PGCDC_TARGET_FILE_BYTES as a size (docs/configuration.md:
+    sizes accept kB/MB/GB; it took plain bytes only)."""
+    from pgcdc_dagster.definitions import default_resources
+
+    for env, value in (("PGCDC_TARGET_FILE_BYTES", "64kB"), ("PGCDC_INCREMENTAL_CHUNK_SIZE",
+                       "8_192"), ("PGCDC_TOMBSTONE_RETENTION_HOURS", "0"),
+                       ("PGCDC_SNAPSHOT_MODE", "never")):
+        monkeypatch.setenv(env, value)
+    capture = default_resources()["capture"]
+    assert isinstance(capture, CaptureResource)
+    assert (capture.target_file_bytes, capture.incremental_snapshot_chunk_size,
+            capture.tombstone_retention_hours) == (64 << 10, 8192, 0)
