@@ -106,6 +106,23 @@ class ChunkTask:
     def __repr__(self) -> str:  # never print the DSN
         return f"ChunkTask({self.chunk})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The schemas travel as Arrow IPC bytes: a tenth of the CPU of pickling them field
+        by field, on the driver and in the worker (issue 16: a thousand small tables)."""
+        state = dict(self.__dict__)
+        for name in _SCHEMAS:
+            state[name] = state[name].serialize().to_pybytes()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in _SCHEMAS:
+            state[name] = pa.ipc.read_schema(pa.py_buffer(state[name]))
+        self.__dict__.update(state)
+
+
+_SCHEMAS = ("bronze_schema", "silver_schema")
+"""The :class:`ChunkTask` fields pickled as Arrow IPC."""
+
 
 @dataclass(frozen=True)
 class ChunkGroup:
