@@ -19,6 +19,7 @@ import select
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -53,19 +54,31 @@ class ServerErrorResponse(Exception):
         self.error = error
 
 
+_PLAIN: weakref.WeakKeyDictionary[psycopg2.extensions.connection, bool] = \
+    weakref.WeakKeyDictionary()
+""":func:`plain_socket`'s answer per open connection (a connection's encryption is settled
+when it is made): the chunks of small tables that share a connection ask once."""
+
+
 def plain_socket(cur: psycopg2.extensions.cursor) -> bool:
     """True when the connection's socket carries the protocol in the clear (no SSL, no
     GSSAPI encryption: ``pg_stat_gssapi`` exists from PostgreSQL 12 on, when GSSAPI
     encryption appeared)."""
     conn = cur.connection
+    known = _PLAIN.get(conn)
+    if known is not None:
+        return known
     if conn.info.ssl_in_use:
-        return False
-    if conn.server_version < 120000:
-        return True
-    cur.execute("SELECT coalesce((SELECT encrypted FROM pg_stat_gssapi "
-                "WHERE pid = pg_backend_pid()), false)")
-    row = cur.fetchone()
-    return not (row and row[0])
+        plain = False
+    elif conn.server_version < 120000:
+        plain = True
+    else:
+        cur.execute("SELECT coalesce((SELECT encrypted FROM pg_stat_gssapi "
+                    "WHERE pid = pg_backend_pid()), false)")
+        row = cur.fetchone()
+        plain = not (row and row[0])
+    _PLAIN[conn] = plain
+    return plain
 
 
 def _query_message(conn: psycopg2.extensions.connection, text: str) -> bytes:

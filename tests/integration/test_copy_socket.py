@@ -187,3 +187,33 @@ def test_unix_socket_connection_is_read_from_the_socket(own_cluster: LocalCluste
     rows = _rows(dsn, query, socket=True)
     assert len(socket_calls) == 1
     assert rows == _rows(dsn, query, socket=False) and len(rows) == 20000
+
+
+def test_shared_connection_asks_its_encryption_once(pg_dsn: str,
+                                                    socket_calls: list[str]) -> None:
+    """Chunks of small tables read one after the other on one connection: whether its socket
+    is in the clear is asked once (a round trip per table before)."""
+    from psycopg2.extras import LoggingConnection
+
+    class Log:
+        def __init__(self) -> None:
+            self.queries: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.queries.append(text)
+
+    log = Log()
+    conn = psycopg2.connect(pg_dsn, connection_factory=LoggingConnection)
+    conn.initialize(log)
+    try:
+        for n in (3, 5):
+            query = sql.SQL("SELECT g, 'x' || g FROM generate_series(1, {}) g").format(
+                sql.Literal(n))
+            rows = [r for spans in binary_read.read_binary_rows(pg_dsn, None, query,
+                                                                within=conn)
+                    for r in spans.rows()]
+            assert len(rows) == n
+        assert len(socket_calls) == 2  # both read from the socket
+        assert sum("pg_stat_gssapi" in q for q in log.queries) == 1, log.queries
+    finally:
+        conn.close()
