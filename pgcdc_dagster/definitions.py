@@ -56,6 +56,7 @@ from pgcdc_dagster.postgres.discovery import (
     Resolution,
     check_server,
     leave_out_partitioned,
+    nothing_to_capture,
     resolve_capture,
 )
 from pgcdc_dagster.spark.session import check_master
@@ -167,6 +168,8 @@ def discover_tables(dsn: str, include: Sequence[str], exclude: Sequence[str] = (
     (``dagster job execute``: once at the load, once from the run).
     """
     found = discover_capture(dsn, include, exclude, key_for=key_for, plugin=plugin)
+    if include and not found.relations:
+        raise nothing_to_capture(include, found.skipped)
     if found.skipped:
         dg.get_dagster_logger("pgcdc_dagster").info(found.warning())
     return [r.qualified for r in found.relations]

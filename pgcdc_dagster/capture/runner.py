@@ -32,7 +32,7 @@ from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
 from pgcdc_dagster.lake.memory import release_unused
 from pgcdc_dagster.postgres.connection import connection
-from pgcdc_dagster.postgres.discovery import SkippedTable, current_database
+from pgcdc_dagster.postgres.discovery import SkippedTable, current_database, nothing_to_capture
 from pgcdc_dagster.postgres.privileges import check_capture_privileges, explains_privileges
 from pgcdc_dagster.postgres.slot import ensure_publication, slot_info
 from pgcdc_dagster.postgres.slot_lock import slot_guard
@@ -132,6 +132,8 @@ def run_bronze(settings: CaptureSettings, spark: SparkLike, *, force_snapshot_st
     normalise_mode(settings.snapshot_mode)
     with slot_guard(settings.dsn, settings.slot):
         captured, skipped = load_captured(settings)
+        if not captured.relations:
+            raise nothing_to_capture(settings.include, skipped)
         with captured:  # the contexts' connection closed when the step ends
             return _run_bronze(settings, spark, force_snapshot_step, only, progress,
                                captured, skipped, on_committed, after_snapshot)

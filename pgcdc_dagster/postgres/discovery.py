@@ -117,6 +117,19 @@ class Resolution:
                 + "; ".join(t.describe() for t in self.skipped))
 
 
+def nothing_to_capture(include: Sequence[str], skipped: Sequence[SkippedTable]
+                       ) -> ConfigurationError:
+    """The refusal of a capture without a table: the include list (or the whole source)
+    matches only tables that cannot be captured (``CREATE PUBLICATION`` would otherwise
+    fail with a bare syntax error)."""
+    what = ("PGCDC_TABLES (table.include.list) matches only tables that cannot be captured"
+            if include else "the source has no table that can be captured")
+    left = "; ".join(t.describe() for t in skipped) or "none"
+    return ConfigurationError(
+        f"nothing to capture: {what}. Left out: {left}. Fix those tables as each reason "
+        "says, or set PGCDC_TABLES to tables that have a key.")
+
+
 def names_table(patterns: Sequence[str], schema: str, table: str) -> bool:
     """True when a pattern names ``schema.table`` literally (``public.events`` or
     ``public\\.events``), not through a wildcard: an explicit request for that table."""

@@ -25,8 +25,14 @@ from dagster._core.definitions.utils import has_valid_name_chars
 from psycopg2 import sql
 
 from assets.keys import table_of_key
+from pgcdc_dagster.capture.runner import run_bronze
+from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.definitions import build_definitions, defs
-from pgcdc_dagster.exceptions import MissingPrimaryKeyError, TableNotFoundError
+from pgcdc_dagster.exceptions import (
+    ConfigurationError,
+    MissingPrimaryKeyError,
+    TableNotFoundError,
+)
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.names import partition_key
 from pgcdc_dagster.ops.settings import MonitorSettings
@@ -195,6 +201,21 @@ def test_a_named_keyless_table_is_refused(pg_dsn, pg_conn, monkeypatch) -> None:
     loaded = defs()
     assert {tuple(k.path) for k in loaded.resolve_all_asset_keys() if k.path[0] == "silver"} \
         == {("silver", "public", "keyed")}
+    # A list matching only tables that cannot be captured (QA): the load says so, and a run
+    # (built in code) refuses before creating anything; it failed inside CREATE PUBLICATION
+    # with "syntax error at or near WITH".
+    monkeypatch.setenv("PGCDC_TABLES", "public\\.keyl.*")
+    nothing = r"nothing to capture: PGCDC_TABLES .* public\.keyless: .*primary key"
+    with pytest.raises(ConfigurationError, match=nothing):
+        defs()
+    settings = CaptureSettings(dsn=pg_dsn, lakehouse="/nonexistent", slot="nothing",
+                               publication="nothing", include=("public\\.keyl.*",))
+    with pytest.raises(ConfigurationError, match=nothing):
+        run_bronze(settings, None, force_snapshot_step=True)  # type: ignore[arg-type]
+    with pg_conn.cursor() as cur:
+        cur.execute("SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = "
+                    "'nothing'), (SELECT count(*) FROM pg_publication WHERE pubname = 'nothing')")
+        assert cur.fetchone() == (0, 0)
 
 
 def test_table_lists_split_as_debezium_splits_them(pg_dsn, pg_conn, monkeypatch) -> None:
