@@ -53,6 +53,7 @@ from assets.capture import (
     skipped_metadata,
 )
 from assets.checks import evaluation, light_check_facts, light_check_results
+from assets.event_prepack import prepack
 from assets.event_storage import event_files_held
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
@@ -306,44 +307,45 @@ class _Reporter:
         bronze_before = previous_of(instance, [bronze_key(*c.relation.qualified)
                                                for c in changed])
 
-        def bronze_meta(ctx: TableContext) -> dict[str, Any]:
+        def bronze_event(ctx: TableContext) -> dg.AssetMaterialization:
+            key = bronze_key(*ctx.relation.qualified)
             with shared_reads():  # each table opened once for its metadata (issue 16)
-                before = _before(bronze_before[bronze_key(*ctx.relation.qualified)][0],
-                                 ctx.bronze_uri)
-                return {**_bronze_metadata(stream_only if ctx.name in self.early else run,
-                                           ctx, before, seconds,
-                                           None if run.stream is not None else health),
-                        **skipped_metadata(run.skipped)}
+                before = _before(bronze_before[key][0], ctx.bronze_uri)
+                return prepack(dg.AssetMaterialization(asset_key=key, metadata={
+                    **_bronze_metadata(stream_only if ctx.name in self.early else run,
+                                       ctx, before, seconds,
+                                       None if run.stream is not None else health),
+                    **skipped_metadata(run.skipped)}))
 
-        # The tables' metadata is read by worker threads while this one writes the events.
+        # The tables' metadata is read, and each event built and packed for serialization
+        # (assets/event_prepack.py), by worker threads while this one writes the events.
         with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
-            for ctx, meta in zip(changed, pool.map(bronze_meta, changed), strict=True):
-                context.log_event(dg.AssetMaterialization(
-                    asset_key=bronze_key(*ctx.relation.qualified), metadata=meta))
+            for event in pool.map(bronze_event, changed):
+                context.log_event(event)
         if meta_tables:
             self._meta_tables(run, seconds)
         applied = [(ctx, r) for ctx, r in silver if r is not None]
         silver_before = previous_of(instance, [silver_key(*c.relation.qualified)
                                                for c, _ in applied])
 
-        def silver_meta(item: tuple[TableContext, SilverReport]) -> dict[str, Any]:
+        def silver_event(item: tuple[TableContext, SilverReport]) -> dg.AssetMaterialization:
             ctx, report = item
-            version, bronze_from = silver_before[silver_key(*ctx.relation.qualified)]
+            key = silver_key(*ctx.relation.qualified)
+            version, bronze_from = silver_before[key]
             # silver as the snapshot's commit left it, when nothing was applied since
             snapped = run.snapshot.table(ctx.name) if run.snapshot is not None and \
                 run.stream is None and report.events == 0 else None
             created = snapped.facts.bronze if snapped is not None else None
             with shared_reads():
                 known = snapped.silver_stats if snapped is not None else None
-                return _silver_metadata(report, ctx, _before(version, ctx.silver_uri),
-                                        bronze_from, health, known if known is not None and
-                                        known.version == report.silver_version else None,
-                                        created.commits if created is not None else None)
+                return prepack(dg.AssetMaterialization(asset_key=key, metadata=_silver_metadata(
+                    report, ctx, _before(version, ctx.silver_uri), bronze_from, health,
+                    known if known is not None and known.version == report.silver_version
+                    else None, created.commits if created is not None else None)))
 
         with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
-            for (ctx, _), meta in zip(applied, pool.map(silver_meta, applied), strict=True):
-                context.log_event(dg.AssetMaterialization(
-                    asset_key=silver_key(*ctx.relation.qualified), metadata=meta))
+            for event in pool.map(silver_event, applied):
+                context.log_event(event)
 
     def _meta_tables(self, run: BronzeRun, seconds: float) -> None:
         """``bronze/_pgcdc/*`` of the tables the run's windows wrote."""

@@ -11,7 +11,9 @@ name ``serialize_value`` that Dagster's ``sql_event_log`` module calls answers f
 event from the text serialized the first time, and for ``EventLogRecord(storage_id, event)``
 with that text inside the record's; every other value, thread or moment goes to
 ``dagster_shared``'s own ``serialize_value``. The record's text is composed only after it was
-checked, once per process, to equal what ``serialize_value`` makes of it.
+checked, once per process, to equal what ``serialize_value`` makes of it. A materialization
+packed ahead by the thread that built it (:mod:`assets.event_prepack`) is serialized from that
+packed form.
 
 The module attribute is replaced while any block of :func:`memo_installed` is open (counted
 across threads) and put back after the last one, unless someone else replaced it meanwhile.
@@ -34,6 +36,8 @@ from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log import sql_event_log
 from dagster_shared.serdes import serialize_value as _serialize_value
 
+from assets import event_prepack
+
 _scope = threading.local()
 _install_lock = threading.Lock()
 _installed = 0
@@ -44,7 +48,9 @@ _record_checked: bool | None = None
 def _entry_text(entry: EventLogEntry) -> str:
     text: str | None = getattr(_scope, "text", None)
     if text is None:
-        text = _serialize_value(entry)
+        text = event_prepack.entry_text(entry)  # a materialization packed ahead
+        if text is None:
+            text = _serialize_value(entry)
         _scope.text = text
     return text
 
@@ -109,6 +115,8 @@ def memo_installed() -> Iterator[bool]:
         else:
             _installed += 1
             setattr(sql_event_log, "serialize_value", serialize_value)  # noqa: B010
+            if _installed == 1:
+                event_prepack.enable(True)
             yield_value = True
     try:
         yield yield_value
@@ -116,6 +124,8 @@ def memo_installed() -> Iterator[bool]:
         if yield_value:
             with _install_lock:
                 _installed -= 1
+                if _installed == 0:
+                    event_prepack.enable(False)
                 if _installed == 0 and \
                         getattr(sql_event_log, "serialize_value", None) is serialize_value:
                     setattr(sql_event_log, "serialize_value", _serialize_value)  # noqa: B010

@@ -17,7 +17,10 @@ in one process per way of reporting, one after the other:
   (:mod:`assets.event_batches`: what ``event_files_held`` was before the one below);
 * ``event_files_held``: inside :func:`assets.event_storage.event_files_held` (what the
   capture and check-sweep ops use: all of the above, materializations and check evaluations
-  written with statements built once, :mod:`assets.event_writes`).
+  written with statements built once, :mod:`assets.event_writes`);
+* ``packed ahead``: the same, the materializations built and packed for serialization by a
+  worker thread before the reporting thread logs them (:mod:`assets.event_prepack`, as the
+  capture's metadata threads do): the reporting thread's share.
 
 For each it prints the milliseconds per event, wall and CPU, for each kind: CPU of the
 reporting thread and of the whole process (which includes the batches' flusher thread), and
@@ -40,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -47,7 +51,7 @@ from typing import Any
 import dagster as dg
 
 MODES = ("dagster", "files held", "engines shared", "serialized once", "batched",
-         "event_files_held")
+         "event_files_held", "packed ahead")
 POSTGRES_MODES = ("dagster", "connection kept", "event_files_held")
 
 
@@ -88,6 +92,7 @@ def measure(mode: str, count: int) -> dict[str, Any]:
     """One way of reporting, on a fresh instance in this process."""
     from dagster_shared.serdes import serialize_value
 
+    from assets.event_prepack import prepack
     from assets.event_storage import (
         engines_shared,
         event_files_held,
@@ -109,7 +114,7 @@ def measure(mode: str, count: int) -> dict[str, Any]:
                     serialize_once=mode != "engines shared", prepared=False))
             if mode == "connection kept":
                 stack.enter_context(postgres_connection_kept(instance, answers=False))
-            if mode == "event_files_held":
+            if mode in ("event_files_held", "packed ahead"):
                 stack.enter_context(event_files_held(instance, run_id))
             yield None
 
@@ -125,8 +130,14 @@ def measure(mode: str, count: int) -> dict[str, Any]:
     @dg.op
     def report(context: dg.OpExecutionContext) -> None:
         with held(context):
-            figures["materialization"] = _timed(
-                lambda i: context.log_event(materialization(i)), count)
+            if mode == "packed ahead":  # built and packed by a worker, as the capture does
+                with ThreadPoolExecutor(1) as pool:
+                    built = list(pool.map(lambda i: prepack(materialization(i)), range(count)))
+                figures["materialization"] = _timed(
+                    lambda i: context.log_event(built[i]), count)
+            else:
+                figures["materialization"] = _timed(
+                    lambda i: context.log_event(materialization(i)), count)
             figures["check evaluation"] = _timed(lambda i: context.log_event(check(i)), count)
 
     @dg.job

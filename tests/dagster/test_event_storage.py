@@ -37,6 +37,7 @@ import dagster as dg
 import psycopg2
 import pytest
 from dagster._core.event_api import EventLogRecord
+from dagster._core.events import StepMaterializationData
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.event_log import sql_event_log as sql_event_log_module
@@ -44,7 +45,7 @@ from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster_shared.serdes import deserialize_value, serialize_value
 
-from assets import event_batches, event_memo, event_writes
+from assets import event_batches, event_memo, event_prepack, event_writes
 from assets.event_storage import (
     REPLACED,
     engines_shareable,
@@ -140,12 +141,12 @@ def report_tables(context: dg.OpExecutionContext, label: str) -> None:
     passing and failing checks (one of them a warning, one partitioned) and log lines."""
     schema = dg.TableSchema(columns=[dg.TableColumn("id", "int64", description="key"),
                                      dg.TableColumn("name", "string")])
-    for i in range(TABLES):
-        context.log_event(dg.AssetMaterialization(
+    for i in range(TABLES):  # packed ahead as the capture does (inside the block only)
+        context.log_event(event_prepack.prepack(dg.AssetMaterialization(
             asset_key=_key(label, i), description=f"table {i}",
             metadata={"events": i, "lsn_end": f"0/{i:X}", "dagster/column_schema": schema,
                       "table_uri": dg.MetadataValue.path(f"/lake/{label}/t{i}")},
-            tags={"dagster/data_version": f"{label}-{i}"}))
+            tags={"dagster/data_version": f"{label}-{i}"})))
         context.log_event(dg.AssetCheckEvaluation(
             asset_key=_key(label, i), check_name="lsn_windows_contiguous", passed=i != 2,
             metadata={"windows": i}, description="windows"))
@@ -310,6 +311,16 @@ def test_a_run_inside_the_block_stores_what_it_stores_without(
         store(self, event)
 
     monkeypatch.setattr(event_writes.PreparedWrites, "store_event", counted)
+    composed: list[str] = []
+    entry_text = event_prepack.entry_text
+
+    def counted_text(entry: EventLogEntry) -> str | None:
+        text = entry_text(entry)
+        if text is not None:
+            composed.append(text)
+        return text
+
+    monkeypatch.setattr(event_prepack, "entry_text", counted_text)
     with dg.instance_for_test() as plain, dg.instance_for_test() as held:
         _wiped_before(plain)
         _wiped_before(held)
@@ -331,13 +342,16 @@ def test_a_run_inside_the_block_stores_what_it_stores_without(
                                          dg.DagsterEventType.ASSET_MATERIALIZATION]
         assert len(prepared) == TABLES + len(DATES) + 2 * TABLES + 1
         assert _rows_as_stored(held, held_run) == _rows_as_stored(plain, plain_run)
+        assert len(composed) == TABLES, "the materializations packed ahead were packed again"
+        assert event_prepack._packed == {}
 
 
 def _rows_as_stored(instance: dg.DagsterInstance, run_id: str) -> dict[str, list[Any]]:
     """Every row of the index and the run's event file, column by column, with what differs
     between two runs of the same job on two fresh instances (the run's id, numbers: times,
-    pids; the compute logs' random key) masked: the columns written, NULLs, texts (event
-    texts as stored, not parsed) and the shape of each stored datetime stay."""
+    pids, durations; the compute logs' random key) masked: the columns written,
+    NULLs, texts (event texts as stored, not parsed) and the shape of each stored datetime
+    stay."""
     storage: Any = instance.event_log_storage
     out: dict[str, list[Any]] = {}
     for shard in ("index", run_id):
@@ -361,6 +375,7 @@ def _rows_as_stored(instance: dg.DagsterInstance, run_id: str) -> dict[str, list
 def _masked(value: Any, run_id: str) -> Any:
     if isinstance(value, str):
         value = re.sub(r'"log_key": "\w+"', '"log_key": "KEY"', value.replace(run_id, "RUN"))
+        value = re.sub(r"in [\d.]+m?s\b", "in T", value)  # durations: in 9ms, in 1.2s
         return re.sub(r"\d+", "0", value)
     return type(value).__name__ if isinstance(value, int | float) else value
 
@@ -777,6 +792,48 @@ def test_each_event_is_serialized_once_and_only_as_dagster_would(
     with event_memo.memo_installed(), event_memo.serialized_once(entry):
         assert storage_serializes(records[1]) == serialize_value(records[1])
     assert event_memo._record_checked is False
+
+
+def test_a_materialization_packed_ahead_is_serialized_as_dagster_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def entry(label: str) -> tuple[dg.AssetMaterialization, EventLogEntry]:
+        materialization = dg.AssetMaterialization(asset_key=["bronze", "p", label], metadata={
+            "events": 3, "dagster/column_schema": dg.TableSchema(columns=[
+                dg.TableColumn("id", "int64", description="key",
+                               constraints=dg.TableColumnConstraints(nullable=False))]),
+            "table_uri": dg.MetadataValue.path("/lake/p")})
+        return materialization, EventLogEntry(
+            error_info=None, level=10, user_message="m", run_id="r", timestamp=time.time(),
+            step_key="s", job_name="j", dagster_event=dg.DagsterEvent(
+                event_type_value="ASSET_MATERIALIZATION", job_name="j",
+                event_specific_data=StepMaterializationData(materialization)))
+
+    monkeypatch.setattr(event_prepack, "_checked", None)
+    before, outside = entry("outside")
+    event_prepack.prepack(before)  # outside a memo block: nothing kept
+    assert event_prepack._packed == {}
+    with event_memo.memo_installed():
+        packed, inside = entry("inside")
+        event_prepack.prepack(packed)
+        assert event_prepack.entry_text(inside) == serialize_value(inside)
+        assert event_prepack._checked is True and event_prepack._packed == {}, "not taken"
+        assert event_prepack.entry_text(outside) is None  # not packed ahead: Dagster's own
+        unused, _ = entry("never logged")
+        event_prepack.prepack(unused)
+        assert event_prepack._packed
+    assert event_prepack._packed == {}, "kept after the last block"
+
+    # a composition unlike Dagster's is never used, nor anything packed after it
+    monkeypatch.setattr(event_prepack, "_checked", None)
+    with event_memo.memo_installed():
+        wrong, wrong_entry = entry("wrong")
+        event_prepack.prepack(wrong)
+        event_prepack._packed[id(wrong)] = (wrong, {"__class__": "Other"})
+        assert event_prepack.entry_text(wrong_entry) is None
+        assert event_prepack._checked is False
+        later, later_entry = entry("later")
+        event_prepack.prepack(later)
+        assert event_prepack._packed == {} and event_prepack.entry_text(later_entry) is None
 
 
 @dg.op
