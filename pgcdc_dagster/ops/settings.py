@@ -87,7 +87,7 @@ class MonitorSettings:
             max_spill_ratio=_ratio(get("max_spill_ratio"), ENV["max_spill_ratio"],
                                    base.slot.max_spill_ratio),
         )
-        owners = get("owners")
+        owners = _owners(get("owners"))
         return cls(
             microbatch_cron=get("microbatch_cron") or base.microbatch_cron,
             checks_cron=get("checks_cron") or base.checks_cron,
@@ -102,9 +102,23 @@ class MonitorSettings:
             slot=slot,
             dead_run_grace_s=_count(get("dead_run_grace_s"), ENV["dead_run_grace_s"],
                                     base.dead_run_grace_s),
-            owners=tuple(o.strip() for o in owners.split(",") if o.strip())
-            if owners else base.owners,
+            owners=owners or base.owners,
         )
+
+
+def _owners(value: str | None) -> tuple[str, ...]:
+    """``PGCDC_OWNERS`` as Dagster takes owners: each an e-mail address or ``team:<name>``
+    (Dagster's own refusal named an asset, not the variable)."""
+    # Dagster's own rule (imported here: this module is read without Dagster elsewhere)
+    from dagster._core.definitions.utils import is_valid_owner
+
+    owners = tuple(o.strip() for o in (value or "").split(",") if o.strip())
+    for owner in owners:
+        if not is_valid_owner(owner):
+            raise ConfigurationError(
+                f"PGCDC_OWNERS: {owner!r} is not an owner; write e-mail addresses or "
+                "team:<name>, comma-separated (e.g. team:data,ana@example.com)")
+    return owners
 
 
 def _size(value: str | None, name: str, default: int) -> int:

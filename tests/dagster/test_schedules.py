@@ -46,6 +46,12 @@ def test_microbatch_interval_comes_from_the_environment() -> None:
     assert defs.resolve_schedule_def("capture_checks_schedule").cron_schedule == "30 2 * * 0"
     with pytest.raises(ConfigurationError, match="PGCDC_MICROBATCH_CRON = 'every 5 min'"):
         definitions(MonitorSettings.from_env({"PGCDC_MICROBATCH_CRON": "every 5 min"}))
+    # PGCDC_OWNERS (QA): Dagster refused 'bob' naming the asset, not the variable.
+    with pytest.raises(ConfigurationError, match="PGCDC_OWNERS: 'bob' is not an owner"):
+        MonitorSettings.from_env({"PGCDC_OWNERS": "team:data, bob"})
+    owners = MonitorSettings.from_env({"PGCDC_OWNERS": "team:data, ana@example.com"}).owners
+    assert owners == ("team:data", "ana@example.com")
+    definitions(MonitorSettings.from_env({"PGCDC_OWNERS": "team:data, ana@example.com"}))
 
 
 def test_schedule_requests_a_run_unless_one_is_in_flight() -> None:
