@@ -45,7 +45,13 @@ from pgcdc_dagster.lake.delta import (
 from pgcdc_dagster.lake.evolution import SchemaChangeError, conflicts, evolve
 from pgcdc_dagster.lake.storage import delete_file, join
 from pgcdc_dagster.ops.delta_stats import TableStats
-from pgcdc_dagster.ops.table_facts import CommitFacts, CreatedBronze, WrittenSilver, logged_schema
+from pgcdc_dagster.ops.table_facts import (
+    CommitFacts,
+    CreatedBronze,
+    WrittenSilver,
+    logged_schema,
+    plain_files,
+)
 from pgcdc_dagster.spark.snapshot_tasks import SnapshotFile
 
 
@@ -72,7 +78,8 @@ class TableSnapshotReport:
     """Silver as this run's commit left it (created or replaced: its files are all the table
     holds, every row live). None: read it."""
     facts: CommitFacts = field(default_factory=CommitFacts)
-    """What the checks would read back of the tables this commit created (issue 16)."""
+    """What the checks would read back of the tables this commit created (bronze, silver)
+    or replaced (silver), known without reading them again (issue 16)."""
 
 
 def snapshot_app_id(app_prefix: str, ctx: TableContext) -> str:
@@ -130,14 +137,25 @@ def commit_table(ctx: TableContext, done: Mapping[int, ChunkDone], *, app_prefix
         written = _written_silver(ctx.silver_schema, b_version, s_files)
     elif version_of(silver, snapshot_id) >= 0:
         s_version = silver.version()
+        written = _silver_as_read(silver, committed_version(silver, ctx.silver_app_id))
     else:
         s_version = commit_files(silver, s_files, ctx.silver_schema, mode="overwrite",
                                  app_id=ctx.silver_app_id, version=b_version, metadata=meta)
         s_stats = files_stats(s_version, s_files)
+        written = _silver_as_read(silver, b_version)  # the table, updated to its commit
     facts = CommitFacts(CreatedBronze(lsn) if b_stats is not None else None, written)
     return TableSnapshotReport(ctx.name, rows, len(done), b_version, s_version, lsn, resumed,
                                silver_current=latest == b_version, bronze_stats=b_stats,
                                silver_stats=s_stats, facts=facts)
+
+
+def _silver_as_read(silver: DeltaTable, applied: int | None) -> WrittenSilver | None:
+    """Silver as the table object open at its latest version holds it (what a new open
+    would read, without one)."""
+    if applied is None:
+        return None
+    return WrittenSilver(silver.version(), applied, pa.schema(silver.schema().to_arrow()),
+                         plain_files(silver))
 
 
 def _written_silver(schema: pa.Schema, applied: int,

@@ -8,10 +8,10 @@ delta-rs, outside the GIL), and keeps only these few values (and silver's list o
 files, which the comparison reads at the same version), not the opened tables, so memory
 does not grow with the tables' sizes.
 
-A table this run's snapshot commit just created needs no read at all: the commit knows what
-it wrote (:class:`CommitFacts`: its version, app transactions, capture commit, schema and
-files), and :func:`read_facts` opens only the table it does not know (issue 16: a thousand
-new tables paid three log replays each for their light checks).
+A table this run's snapshot commit just created (or a silver it replaced) needs no read: the
+commit knows what it wrote (:class:`CommitFacts`: its version, app transactions, capture
+commit, schema and files), and :func:`read_facts` opens only the table it does not know
+(issue 16: a thousand new tables paid three log replays each for their light checks).
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ class CreatedBronze:
 
 @dataclass(frozen=True)
 class WrittenSilver:
-    """A silver table as a snapshot commit left it (what :func:`read_facts` would read)."""
+    """A silver table as a snapshot commit left it, created or replaced (what
+    :func:`read_facts` would read)."""
 
     version: int
     applied: int
