@@ -30,7 +30,9 @@ from pgcdc_dagster.capture.stream import (
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
+from pgcdc_dagster.lake.delta import ensure_local_dir
 from pgcdc_dagster.lake.memory import release_unused
+from pgcdc_dagster.lake.paths import is_local, slot_root
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import SkippedTable, current_database, nothing_to_capture
 from pgcdc_dagster.postgres.privileges import check_capture_privileges, explains_privileges
@@ -147,6 +149,8 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
                 after_snapshot: Callable[[], None] | None = None) -> BronzeRun:
     run = BronzeRun(captured, [n for n in captured.names if only is None or n in only],
                     skipped=skipped)
+    if is_local(settings.lakehouse):  # unwritable: refused before the publication exists
+        ensure_local_dir(slot_root(settings.lakehouse, settings.slot))
     with connection(settings.dsn) as conn:
         # Up front: REPLICATION and what the publication needs, every shortfall named.
         check_capture_privileges(conn, settings.publication, captured.relations,

@@ -190,6 +190,12 @@ def _make_local_dir(path: str) -> None:
         )
 
 
+def ensure_local_dir(path: str) -> None:
+    """:func:`_make_local_dir` for a caller that checks the lakehouse before it changes
+    anything at the source."""
+    _make_local_dir(path)
+
+
 def committed_version(table: DeltaTable | None, app_id: str) -> int | None:
     """Version recorded by the last commit of ``app_id`` (None when there is none)."""
     if table is None:

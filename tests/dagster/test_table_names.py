@@ -12,6 +12,7 @@ run through Dagster with the real names in the assets' metadata.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -190,7 +191,7 @@ def test_unusual_names_and_unusable_tables(pg_dsn, pg_conn, spark, lakehouse, mo
             assert evaluation.passed, (pair, check, evaluation.description)
 
 
-def test_a_named_keyless_table_is_refused(pg_dsn, pg_conn, monkeypatch) -> None:
+def test_a_named_keyless_table_is_refused(pg_dsn, pg_conn, monkeypatch, tmp_path) -> None:
     with pg_conn.cursor() as cur:
         cur.execute("CREATE TABLE keyless (v text); CREATE TABLE keyed (id int PRIMARY KEY)")
     monkeypatch.setenv("PGCDC_PG_DSN", pg_dsn)
@@ -212,6 +213,12 @@ def test_a_named_keyless_table_is_refused(pg_dsn, pg_conn, monkeypatch) -> None:
                                publication="nothing", include=("public\\.keyl.*",))
     with pytest.raises(ConfigurationError, match=nothing):
         run_bronze(settings, None, force_snapshot_step=True)  # type: ignore[arg-type]
+    # A lakehouse this process cannot write (QA): refused before the publication exists.
+    (tmp_path / "afile").write_text("x")
+    unwritable = dataclasses.replace(settings, include=("public\\.keyed",),
+                                     lakehouse=str(tmp_path / "afile" / "lake"))
+    with pytest.raises(ConfigurationError, match=r"(?s)afile/lake.*PGCDC_LAKEHOUSE"):
+        run_bronze(unwritable, None, force_snapshot_step=True)  # type: ignore[arg-type]
     with pg_conn.cursor() as cur:
         cur.execute("SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = "
                     "'nothing'), (SELECT count(*) FROM pg_publication WHERE pubname = 'nothing')")
