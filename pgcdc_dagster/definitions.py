@@ -59,6 +59,7 @@ from pgcdc_dagster.postgres.discovery import (
     nothing_to_capture,
     resolve_capture,
 )
+from pgcdc_dagster.postgres.signals import parse_table_name
 from pgcdc_dagster.spark.session import check_master
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from resources.capture import split_list
@@ -121,12 +122,18 @@ def check_environment(environ: Mapping[str, str]) -> dict[str, int]:
     """Refuse, when the code location loads, what a run would refuse only once it started
     (some of it after creating the slot and the publication): an unknown snapshot mode or
     plugin, a slot name PostgreSQL refuses, a count out of range, a Spark master that is
-    not one. Each message names the variable and the fix. Returns the integer settings."""
+    not one, a signalling table that is not ``schema.table``. Each message names the
+    variable and the fix. Returns the integer settings."""
     ints = _capture_ints(environ)
     strings = {field: environ[env] for field, env in _CAPTURE_ENV.items() if environ.get(env)}
     CaptureResource(**strings, **ints).settings("", "")  # type: ignore[arg-type]
     if environ.get("PGCDC_SPARK_MASTER"):
         check_master(environ["PGCDC_SPARK_MASTER"])
+    if environ.get("PGCDC_SIGNAL_DATA_COLLECTION", "").strip():
+        try:
+            parse_table_name(environ["PGCDC_SIGNAL_DATA_COLLECTION"])
+        except ConfigurationError as exc:  # the sensor only skipped every tick with it
+            raise ConfigurationError(f"PGCDC_SIGNAL_DATA_COLLECTION: {exc}") from None
     return ints
 
 

@@ -64,6 +64,8 @@ def test_plugin_name_reaches_the_engine(monkeypatch) -> None:
     ("PGCDC_TARGET_FILE_BYTES", "1MiB", r"PGCDC_TARGET_FILE_BYTES = '1MiB' is not a size"),
     ("PGCDC_SPARK_MASTER", "lcal[2]", r"'lcal\[2\]' is not a Spark master URL.*"
      "PGCDC_SPARK_MASTER"),
+    ("PGCDC_SIGNAL_DATA_COLLECTION", "signals", r"PGCDC_SIGNAL_DATA_COLLECTION: .*'signals' "
+     "is not <schema>.<table>"),
 ])
 def test_a_wrong_variable_fails_the_load_naming_it(monkeypatch, env, value, message) -> None:
     """QA: what a run refused only once it had started (a bad Spark master after creating the
