@@ -21,7 +21,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pgcdc_dagster.spark.lazy import LazySpark
-from pgcdc_dagster.spark.session import build_context, build_session
+from pgcdc_dagster.spark.session import (
+    DAEMON_MODULE_CONF,
+    build_context,
+    build_session,
+    session_settings,
+)
+from pgcdc_dagster.spark.worker_daemon import DAEMON_MODULE, zygote
 
 if TYPE_CHECKING:
     from pgcdc_dagster.spark.lazy import HasContext
@@ -123,8 +129,12 @@ def prestart(master: str, app_name: str = DEFAULT_APP_NAME,
     """Start the process's session of these settings in the background, for snapshot chunks
     (a quick start; the Python workers are started once it is up); return its handle.
     The chunk reader's modules are not imported here: the JVM's launch does not wait for
-    them (the workers are started by :func:`_warm_workers` once the session is up)."""
+    them. A local master's worker daemon gets them from a zygote that imports them while
+    the JVM starts (``spark/worker_daemon/zygote.py``); the workers are started by
+    ``warm_workers`` once the session is up."""
     handle = shared_handle(master, app_name, conf, driver_memory)
+    if not handle.created and uses_our_daemon(master, conf):
+        _ZYGOTES.append(zygote.start())
 
     def warm(spark: HasContext) -> object:
         from pgcdc_dagster.spark.snapshot_tasks import warm_workers
@@ -136,6 +146,15 @@ def prestart(master: str, app_name: str = DEFAULT_APP_NAME,
 
 
 _DONE: list[bool] = []
+_ZYGOTES: list[zygote.Zygote] = []
+"""The zygote this process started (it ends with the process, or once it served)."""
+
+
+def uses_our_daemon(master: str, conf: Mapping[str, str] | None) -> bool:
+    """True when the session's Python workers come from this project's daemon (a local
+    master, the daemon module not set to another by the user)."""
+    settings = session_settings(master, conf)
+    return settings.get(DAEMON_MODULE_CONF) == DAEMON_MODULE
 
 
 def prestart_for_process(argv: Sequence[str], environ: Mapping[str, str]) -> bool:

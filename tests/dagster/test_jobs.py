@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -19,6 +20,7 @@ from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.postgres.local_cluster import free_port
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from tests.support.compare import assert_silver_equals_source
+from tests.support.processes import MARK, left_behind
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
 
@@ -132,8 +134,12 @@ def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path,
     with pg_conn.cursor() as cur:  # notes: matched, but keyless, so left out with a warning
         cur.execute(SETUP + "CREATE TABLE notes (body text); INSERT INTO notes VALUES ('x');")
     env = _cli_env(pg_dsn, lakehouse, tmp_path / "dagster_home")
+    env[MARK] = uuid.uuid4().hex
     lines: list[str] = []
     _dagster_job(env, "initial_snapshot", lines)
+    # Nothing the run started outlives it (the JVM, Spark's daemon and workers, the zygote
+    # that imported the daemon's modules while the JVM started).
+    assert left_behind(env[MARK]) == []
     # The warning about the table left out: once on the terminal and once in the run's
     # events (the code's load, which every run's process does, notes it at INFO only).
     warning = "1 table(s) matched by the include list are left out of capture"

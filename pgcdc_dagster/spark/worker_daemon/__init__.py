@@ -12,7 +12,9 @@ machine, then pandas in its first chunk: 0.3 s more) while the first chunks wait
 This daemon (:data:`DAEMON_MODULE`, set by ``session_settings`` for ``local[...]`` masters,
 see ``spark/session.py``) imports them (:data:`PRELOAD`) before it serves, so each forked
 worker inherits them for free: the CPU is paid once per session instead of once per worker
-(issue 16: the first chunk soon after the slot exists).
+(issue 16: the first chunk soon after the slot exists). When the process prestarted Spark
+for a snapshot, these imports were made meanwhile by a zygote (``zygote.py``), and the
+daemon hands its work over to it instead of importing them after the JVM is up.
 
 Forking after these imports is safe: the only threads they start are idle helpers that
 register fork handlers (OpenBLAS's worker and jemalloc's background thread, Arrow's
@@ -47,6 +49,10 @@ which the binary decoder does in every worker's first chunk (0.3 s, more on a bu
 PRELOADED_IN: int | None = None
 """The PID of the daemon that imported :data:`PRELOAD` (None in a process that did not):
 a worker forked from it has it as its parent."""
+
+HANDED_OFF_FROM: int | None = None
+"""In a daemon forked by a zygote (``zygote.py``: the imports done while the JVM started),
+the zygote's PID; None in a daemon that Spark started and that imported them itself."""
 
 
 def preload() -> list[str]:

@@ -1,14 +1,22 @@
-"""``python -m pgcdc_dagster.spark.worker_daemon``: installed sources over Spark's zips,
-preload, then run pyspark's daemon."""
+"""``python -m pgcdc_dagster.spark.worker_daemon``: installed sources over Spark's zips;
+hand the work to the zygote when there is one, else preload, then run pyspark's daemon."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from pgcdc_dagster.spark.worker_daemon import installed_over_zips, preload
 
 if __name__ == "__main__":
     sys.path[:] = installed_over_zips(sys.path)
+    zygote = os.environ.get("PGCDC_WORKER_ZYGOTE")  # zygote.SOCKET_ENV
+    if zygote:
+        from pgcdc_dagster.spark.worker_daemon.zygote import hand_off
+
+        status = hand_off(zygote, sys.path)
+        if status is not None:
+            sys.exit(status)
     preload()
     from pyspark.daemon import manager
 
