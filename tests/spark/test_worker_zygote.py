@@ -142,7 +142,12 @@ def _daemon(path: str, seed: str) -> tuple[subprocess.Popen[bytes], int, socket.
     assert daemon.stdout is not None
     port = struct.unpack("!i", daemon.stdout.read(4))[0]
     conn = socket.create_connection(("127.0.0.1", port), timeout=60)
-    return daemon, struct.unpack("!i", conn.recv(4))[0], conn
+    reader = conn.makefile("rb")
+    worker = struct.unpack("!i", reader.read(4))[0]
+    # Authenticated as the JVM does: the worker has its own signal handlers from then on.
+    conn.sendall(struct.pack("!i", 6) + b"secret")
+    assert reader.read(struct.unpack("!i", reader.read(4))[0]) == b"ok"
+    return daemon, worker, conn
 
 
 def test_the_zygote_serves_an_equivalent_daemon_once_and_ends_with_it() -> None:
