@@ -172,15 +172,20 @@ def read_all_facts(contexts: Sequence[TableContext], history_limit: int,
     """:func:`read_facts` of every table, in the contexts' order; a table whose logs cannot
     be read (one of ``errors``) gets the exception instead, the others go on. ``known``: what
     this run's commits know, by table name (those tables are not read)."""
+    given = known or {}
+
     def one(ctx: TableContext) -> TableFacts | Exception:
         try:
-            return read_facts(ctx, history_limit, (known or {}).get(ctx.name))
+            return read_facts(ctx, history_limit, given.get(ctx.name))
         except errors as exc:
             return exc
 
+    def opens(ctx: TableContext) -> bool:
+        facts = given.get(ctx.name)
+        return facts is None or facts.bronze is None or facts.silver is None
+
     read: Callable[[TableContext], TableFacts | Exception] = one
-    unknown = [c for c in contexts if known is None or c.name not in known]
-    if len(unknown) <= 1 or threads <= 1:
+    if sum(map(opens, contexts)) <= 1 or threads <= 1:
         return [read(c) for c in contexts]
     with ThreadPoolExecutor(threads, thread_name_prefix="pgcdc-facts") as pool:
         return list(pool.map(read, contexts))
