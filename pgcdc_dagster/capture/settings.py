@@ -14,6 +14,8 @@ SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 """What PostgreSQL accepts as a replication slot name (``ReplicationSlotValidateName``)."""
 SNAPSHOT_MODES = ("initial", "initial_only", "no_data", "never", "always", "when_needed")
 """``snapshot.mode`` values (``never`` is Debezium's old name of ``no_data``)."""
+PUBLICATION_MODES = ("filtered", "all_tables", "disabled")
+"""``publication.autocreate.mode`` values."""
 MIN_TARGET_FILE_BYTES = 1024
 """Smallest ``target_file_bytes``: below it every row would get a file of its own."""
 DEFAULT_STATEMENT_TIMEOUT_MS = 600_000
@@ -132,10 +134,41 @@ class CaptureSettings:
                 ("PGCDC_INCREMENTAL_STATEMENT_TIMEOUT_MS (0: no timeout)",
                  self.incremental_statement_timeout_ms, 0),
                 ("target_file_bytes (PGCDC_TARGET_FILE_BYTES)", self.target_file_bytes,
-                 MIN_TARGET_FILE_BYTES)):
+                 MIN_TARGET_FILE_BYTES),
+                # 0 bytes or windows: every run succeeded without reading a change
+                ("window_max_bytes", self.window_max_bytes, 1),
+                ("max_windows", self.max_windows, 1),
+                ("window_max_changes (0: no cap)", self.window_max_changes, 0),
+                ("window_portion_changes (0: whole windows)", self.window_portion_changes, 0),
+                ("snapshot_chunk_bytes", self.snapshot_chunk_bytes, 1),
+                ("snapshot.fetch.size", self.snapshot_fetch_size, 1),
+                ("snapshot.max.threads (0: Spark's parallelism)", self.snapshot_max_threads, 0),
+                ("heartbeat.interval.ms", self.heartbeat_interval_ms, 0)):
             # A chunk size of 0 made an incremental snapshot read no row and report it done.
             if value < least:
                 raise ConfigurationError(f"{what} = {value} is out of range: use {least} or more")
+        if not self.time_budget_s > 0:
+            raise ConfigurationError(f"time_budget_seconds = {self.time_budget_s} is out of "
+                                     "range: use a number of seconds above 0")
+        if self.publication_autocreate not in PUBLICATION_MODES:
+            raise ConfigurationError(
+                f"publication.autocreate.mode = {self.publication_autocreate!r} is not "
+                f"supported; use one of {', '.join(PUBLICATION_MODES)}")
+        self._check_lists()
+
+    def _check_lists(self) -> None:
+        """The regular-expression lists and ``skipped.operations``, checked before a run
+        creates anything (a bad ``snapshot.include.collection.list`` failed after the
+        publication was created, a bad ``skipped.operations`` after the slot too)."""
+        # Imported here: bronze_write imports this module (through capture.tables).
+        from pgcdc_dagster.capture.bronze_write import parse_skipped_operations
+        from pgcdc_dagster.postgres.discovery import compile_patterns
+
+        parse_skipped_operations(self.skipped_operations)
+        for value, setting in ((self.include, "PGCDC_TABLES (table.include.list)"),
+                               (self.exclude, "table.exclude.list"),
+                               (self.snapshot_include, "snapshot.include.collection.list")):
+            compile_patterns(value, setting)
 
     @property
     def app_prefix(self) -> str:

@@ -93,3 +93,30 @@ def test_integer_variables_reach_the_resource(monkeypatch) -> None:
     assert isinstance(capture, CaptureResource)
     assert (capture.target_file_bytes, capture.incremental_snapshot_chunk_size,
             capture.tombstone_retention_hours) == (64 << 10, 8192, 0)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"window_max_bytes": 0}, r"window_max_bytes = 0 is out of range"),
+    ({"max_windows": 0}, r"max_windows = 0 is out of range"),
+    ({"window_max_changes": -1}, r"window_max_changes \(0: no cap\) = -1"),
+    ({"window_portion_changes": -1}, r"window_portion_changes .* = -1"),
+    ({"time_budget_seconds": 0}, r"time_budget_seconds = 0"),
+    ({"snapshot_max_threads": -1}, r"snapshot\.max\.threads .* = -1"),
+    ({"snapshot_fetch_size": 0}, r"snapshot\.fetch\.size = 0"),
+    ({"snapshot_chunk_bytes": 0}, r"snapshot_chunk_bytes = 0"),
+    ({"heartbeat_interval_ms": -5}, r"heartbeat\.interval\.ms = -5"),
+    ({"skipped_operations": "c,x"}, r"skipped\.operations: x unknown"),
+    ({"publication_autocreate_mode": "filterd"}, r"publication\.autocreate\.mode = 'filterd'"),
+    ({"snapshot_include_collection_list": "("}, r"snapshot\.include\.collection\.list: '\('"),
+    ({"exclude_tables": "("}, r"table\.exclude\.list: '\('"),
+])
+def test_a_wrong_field_is_refused_before_a_run_changes_anything(fields, message) -> None:
+    """QA, the capture resource's fields without a variable: a run with 0 window bytes, 0
+    windows or a 0 s budget succeeded without ever reading a change; a bad
+    skipped.operations, snapshot.max.threads or snapshot.include.collection.list failed
+    only after the run had created the slot or the publication. The engine's settings (built
+    when a run starts, before it touches the source) refuse each, naming it."""
+    from pgcdc_dagster.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=message):
+        CaptureResource(**fields).settings("dbname=x", "/lake")
