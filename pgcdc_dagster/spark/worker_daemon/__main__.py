@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from pgcdc_dagster.spark.worker_daemon import installed_over_zips, preload
+from pgcdc_dagster.spark.worker_daemon import exit_now, installed_over_zips, preload
 
 if __name__ == "__main__":
     sys.path[:] = installed_over_zips(sys.path)
@@ -20,4 +20,7 @@ if __name__ == "__main__":
     preload()
     from pyspark.daemon import manager
 
-    manager()
+    try:
+        manager()
+    except SystemExit as stop:  # pyspark's shutdown: its workers are told to end already
+        exit_now(stop.code if isinstance(stop.code, int) else 1)

@@ -49,6 +49,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgcdc_dagster.spark.worker_daemon import exit_now
+
 SOCKET_ENV = "PGCDC_WORKER_ZYGOTE"
 """The zygote's socket path, in the driver's environment (so in the JVM's and the
 daemon's)."""
@@ -230,12 +232,7 @@ def _become_daemon(request: dict[str, Any], fds: list[int], closing: list[socket
     except BaseException:
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+        exit_now(code)
 
 
 def _peer_is_us(conn: socket.socket) -> bool:
@@ -325,3 +322,4 @@ def serve(path: str, listening: int) -> None:
 
 if __name__ == "__main__":
     serve(sys.argv[1], int(sys.argv[2]))
+    exit_now(0)
