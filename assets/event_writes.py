@@ -8,9 +8,12 @@ the statement's cache key every time, about half of the storage's CPU per event.
 :class:`assets.event_storage.SharedEngines` these two kinds of event go through
 :meth:`PreparedWrites.store_event` instead: the same statements, run in the same order on
 the same connections (the storage's ``_connect``), with the values passed as parameters of
-statements built once (SQLAlchemy compiles them with the same column types and bind
-processing, so the rows are the ones Dagster writes); the row values come from Dagster's own
-helpers (``_event_to_row``, ``_get_asset_entry_values``, ``_store_asset_event_tags``).
+statements built once; the row values come from Dagster's own helpers (``_event_to_row``,
+``_get_asset_entry_values``, ``_store_asset_event_tags``). SQLAlchemy compiles each statement
+once per set of parameter names, for the connection's dialect, and the values go through the
+compiled statement's bind processors (a datetime becomes SQLAlchemy's text for it), so the
+rows are the ones Dagster writes; the statement then runs on the connection's SQLite driver
+connection (``sqlite3``), without SQLAlchemy's execution context per statement.
 
 Each of Dagster's ``_connect`` blocks that runs a single statement is marked ``atomic``: a
 statement that fails changes nothing (SQLite undoes it alone), so the batch
@@ -23,19 +26,21 @@ Any other event, a runless check evaluation, or a materialization without an ass
 to Dagster's own ``store_event``. What it mirrors is ``dagster`` 1.13.27's (pinned):
 ``SqliteEventLogStorage.store_event``, ``SqlEventLogStorage._store_asset_event`` and
 ``_update_asset_check_evaluation``; the names it calls are checked by
-:func:`prepared_writes_usable`.
+:func:`prepared_writes_usable`. Of SQLAlchemy (2.0, pinned) it uses a compiled statement's
+``positiontup`` and ``_bind_processors``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sqlite3
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import dagster._check as check
 import sqlalchemy as sa
-import sqlalchemy.exc as sa_exc
 from dagster._core.errors import DagsterInvariantViolationError
 from dagster._core.events import DagsterEventType
 from dagster._core.events.log import EventLogEntry
@@ -49,6 +54,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
     SqliteEventLogStorage,
 )
+from sqlalchemy.dialects import sqlite as sa_sqlite
 
 Connect = Callable[[str, bool], contextlib.AbstractContextManager[sa.Connection]]
 """The storage's ``_connect`` for a shard; the flag: the block runs one statement only."""
@@ -67,9 +73,12 @@ def prepared_writes_usable(storage: object) -> bool:
     if not isinstance(storage, SqliteEventLogStorage):
         return False
     cls = type(storage)
+    probe: Any = _INSERT_EVENT.compile(dialect=sa_sqlite.dialect(), column_keys=["timestamp"])
     return all(callable(getattr(SqliteEventLogStorage, name, None)) and
                getattr(cls, name, None) is getattr(SqliteEventLogStorage, name)
-               for name in (*_HELPERS, *_MIRRORED))
+               for name in (*_HELPERS, *_MIRRORED)) and \
+        isinstance(getattr(probe, "_bind_processors", None), dict) and \
+        isinstance(getattr(probe, "positiontup", None), list)
 
 
 _INSERT_EVENT = SqlEventLogStorageTable.insert()
@@ -85,6 +94,33 @@ _UPDATE_CHECK = AssetCheckExecutionsTable.update().where(
 _UPDATE_PARTITION_CHECK = AssetCheckExecutionsTable.update().where(
     *_CHECK_ROW, AssetCheckExecutionsTable.c.partition == sa.bindparam("w_partition"))
 """The statements, built once: values are parameters (``w_*``: the WHERE clause's)."""
+
+_Compiled = tuple[str, list[str], dict[str, Callable[[Any], Any]]]
+_compiled: dict[tuple[str, int, tuple[str, ...]], _Compiled] = {}
+_compiled_lock = threading.Lock()
+
+
+def _run(conn: sa.Connection, statement: sa.ClauseElement, params: dict[str, Any]
+         ) -> sqlite3.Cursor:
+    """``statement`` with ``params`` on the connection's SQLite driver connection, compiled
+    once per set of parameter names by SQLAlchemy for the connection's dialect, the values
+    through its bind processors (a datetime to SQLAlchemy's text), as ``conn.execute``
+    would, without building an execution context per statement."""
+    key = (conn.dialect.name, id(statement), tuple(params))
+    found = _compiled.get(key)
+    if found is None:
+        compiled: Any = statement.compile(
+            dialect=conn.dialect, column_keys=[k for k in params if not k.startswith("w_")])
+        found = (str(compiled), list(compiled.positiontup or ()),
+                 dict(compiled._bind_processors))
+        with _compiled_lock:
+            _compiled[key] = found
+    sql, names, processors = found
+    raw: Any = conn.connection.dbapi_connection
+    cursor: sqlite3.Cursor = raw.execute(sql, tuple(
+        processors[name](params[name]) if name in processors else params[name]
+        for name in names))
+    return cursor
 
 
 class PreparedWrites:
@@ -111,7 +147,7 @@ class PreparedWrites:
         storage = self._storage
         row = storage._event_to_row(event)
         with self._connect(event.run_id, True) as conn:
-            conn.execute(_INSERT_EVENT, row)
+            _run(conn, _INSERT_EVENT, row)
         if event.dagster_event_type == DagsterEventType.ASSET_MATERIALIZATION:
             with self._connect(INDEX_SHARD_NAME, False) as conn:
                 event_id = self._inserted(conn, row)
@@ -127,8 +163,7 @@ class PreparedWrites:
             self._store_check_evaluation(event, event_id, row["event"])
 
     def _inserted(self, conn: sa.Connection, row: dict[str, Any]) -> int:
-        key = conn.execute(_INSERT_EVENT, row).inserted_primary_key
-        event_id = key[0] if key is not None else None
+        event_id = _run(conn, _INSERT_EVENT, row).lastrowid
         if event_id is None:
             raise DagsterInvariantViolationError(
                 "Cannot store asset event tags for null event id.")
@@ -147,9 +182,9 @@ class PreparedWrites:
             return
         key = asset_key.to_string()
         try:
-            conn.execute(_INSERT_KEY, {"asset_key": key, **values})
-        except sa_exc.IntegrityError:
-            conn.execute(_UPDATE_KEY, {**values, "w_asset_key": key})
+            _run(conn, _INSERT_KEY, {"asset_key": key, **values})
+        except sqlite3.IntegrityError:
+            _run(conn, _UPDATE_KEY, {**values, "w_asset_key": key})
 
     def _store_check_evaluation(self, event: EventLogEntry, event_id: int,
                                 text: str) -> None:
@@ -175,9 +210,9 @@ class PreparedWrites:
         with self._connect(INDEX_SHARD_NAME, True) as conn:
             update = _UPDATE_CHECK if evaluation.partition is None else \
                 _UPDATE_PARTITION_CHECK
-            rows_updated = conn.execute(update, {**values, **where}).rowcount
+            rows_updated = _run(conn, update, {**values, **where}).rowcount
             if rows_updated == 0:  # nothing changed yet: the block stays one change
-                rows_updated = conn.execute(_INSERT_CHECK, {
+                rows_updated = _run(conn, _INSERT_CHECK, {
                     **values, "asset_key": key, "check_name": evaluation.check_name,
                     "run_id": event.run_id,
                     "evaluation_event_timestamp": _utc_naive(event.timestamp)}).rowcount
