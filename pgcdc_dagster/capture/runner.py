@@ -181,8 +181,9 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
     # Offsets as the contexts built so far read them, but for the tables this run's snapshot
     # committed: no bronze table is opened again to check for stale offsets (issue 16).
     offsets = {name: c.offset for name, c in captured.built().items()}
-    for ctx in run.changed():
-        offsets.pop(ctx.relation.qualified, None)
+    snapped = {ctx.relation.qualified for ctx in run.changed()}
+    for name in snapped:
+        offsets.pop(name, None)
     log_now = capture_set_log(settings)
     recreated = recreated_tables(log_now, captured.relations)
     run.resnapshot = resnapshot_returning_tables(settings, spark, captured, run, progress,
@@ -197,27 +198,31 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
              f"{run.stream.end}, slot lag {run.stream.slot_lag_bytes} bytes")
     if recreated:
         run.resnapshot += resnapshot_recreated_tables(settings, spark, captured, recreated,
-                                                      run, progress)
+                                                      run, progress, snapped)
     return run
 
 
 def resnapshot_recreated_tables(settings: CaptureSettings, spark: SparkLike,
                                 captured: CapturedTables, recreated: Collection[tuple[str, str]],
-                                run: BronzeRun, progress: Callable[[str], None]
+                                run: BronzeRun, progress: Callable[[str], None],
+                                snapped: Collection[tuple[str, str]] = ()
                                 ) -> list[TableContext]:
     """Snapshot again the tables dropped and created again under their name (another
     relation OID than the capture-set log holds), after the windows that still held the
     dropped table's changes: those stay in bronze as they happened, and the snapshot, at a
     later point, replaces silver (the dropped table's rows, and the new table's rows written
     before it joined the publication, are in no change event). Then the log takes the new
-    OIDs; a crash before that snapshots them again."""
+    OIDs; a crash before that snapshots them again. Tables this run's snapshot step took
+    (``snapped``: their bronze was moved aside, say) only get their new OID logged."""
     contexts = [captured[name] for name in recreated]
-    names = ", ".join(c.name for c in contexts)
-    progress(f"{names}: dropped and created again since the last run; snapshotting again")
-    again = run_snapshot(dataclasses.replace(settings, snapshot_mode="always"), spark,
-                         force=True, contexts=contexts, progress=progress)
-    run.notes.append(f"re-snapshot of {names} (dropped and created again): {again.rows} rows "
-                     f"at {again.consistent_point}")
+    again = [c for c in contexts if c.relation.qualified not in snapped]
+    if again:
+        names = ", ".join(c.name for c in again)
+        progress(f"{names}: dropped and created again since the last run; snapshotting again")
+        report = run_snapshot(dataclasses.replace(settings, snapshot_mode="always"), spark,
+                              force=True, contexts=again, progress=progress)
+        run.notes.append(f"re-snapshot of {names} (dropped and created again): {report.rows} "
+                         f"rows at {report.consistent_point}")
     log_now: CaptureSetLog = capture_set_log(settings)
     with connection(settings.dsn) as conn:
         info = slot_info(conn, settings.slot)
@@ -225,7 +230,7 @@ def resnapshot_recreated_tables(settings: CaptureSettings, spark: SparkLike,
         _, tables, oids = log_now[-1]
         record_capture_set(settings, info.confirmed_flush_lsn, sorted(tables), log_now,
                            {**oids, **{c.relation.qualified: c.relation.oid for c in contexts}})
-    return contexts
+    return again
 
 
 def resnapshot_returning_tables(settings: CaptureSettings, spark: SparkLike,

@@ -10,6 +10,7 @@ capture set, as Debezium's filtered mode sets it to the filtered tables.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pyarrow.compute as pc
 import pytest
@@ -21,6 +22,7 @@ from pgcdc_dagster.capture.snapshot import load_contexts
 from pgcdc_dagster.capture.stream import run_windows
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.exceptions import ConfigurationError
+from pgcdc_dagster.lake.evolution import SchemaChangeError
 from pgcdc_dagster.lake.paths import table_uri
 from tests.support.compare import assert_silver_equals_source
 
@@ -89,7 +91,7 @@ def test_readded_table_is_snapshotted_again(pg_dsn, pg_conn, spark, lakehouse) -
 
 
 def test_added_table_snapshotted_others_keep_their_offsets(pg_dsn, pg_conn, spark,
-                                                           lakehouse) -> None:
+                                                           lakehouse, tmp_path) -> None:
     """STR-29/30 (filtered adds the table), SNAP: a table added to the capture set gets its
     snapshot; the tables that stayed keep streaming on their offsets (no needless snapshot)."""
     with pg_conn.cursor() as cur:
@@ -138,6 +140,24 @@ def test_added_table_snapshotted_others_keep_their_offsets(pg_dsn, pg_conn, spar
     assert {"r": 1 + 3, "u": 1, "c": 1} == {o["values"]: o["counts"] for o in
                                    pc.value_counts(bronze_b["op"]).to_pylist()}
     again = run_bronze(both, spark, force_snapshot_step=False)  # steady state: no snapshot
+    assert not any("re-snapshot" in n for n in again.notes), again.notes
+
+    # Created again with another key type: refused, naming the fix (move bronze and silver
+    # aside); after that, the run's snapshot step takes b once, and its new OID is logged.
+    with pg_conn.cursor() as cur:
+        cur.execute("DROP TABLE b")
+        cur.execute("CREATE TABLE b (id bigint PRIMARY KEY, v text)")
+        cur.execute("INSERT INTO b VALUES (5000000000, 'wide')")
+    with pytest.raises(SchemaChangeError, match="key column id"):
+        run_bronze(both, spark, force_snapshot_step=False)
+    for layer in ("bronze", "silver"):
+        shutil.move(table_uri(str(lakehouse), layer, "public", "b"), tmp_path / layer)
+    run = run_bronze(both, spark, force_snapshot_step=False)
+    assert run.snapshot is not None and [t.table for t in run.snapshot.tables] == ["public.b"]
+    assert not any("re-snapshot" in n for n in run.notes), run.notes  # not twice
+    run_silver(both, spark)
+    _silver_equal(pg_conn, lakehouse, "b")
+    again = run_bronze(both, spark, force_snapshot_step=False)
     assert not any("re-snapshot" in n for n in again.notes), again.notes
 
 
