@@ -17,6 +17,9 @@ start), so finding them is a sequential walk in principle; here it is vectorised
    header, the trailer, CopyDone, CommandComplete, ReadyForQuery, notices, an error), one
    message is read the plain way and the run resumes at the next real boundary.
 
+When the compiled loops are available (:mod:`pgcdc_dagster.native`), steps 1 and 2 are one
+call that walks the chain message by message instead (same rows, same hand-over to step 3).
+
 Every message is checked (lengths, field counts, the binary signature, the message types a
 COPY OUT may carry); a malformed stream raises :class:`~pgcdc_dagster.exceptions.DecodeError`.
 An ``ErrorResponse`` is kept (:attr:`CopyOutFramer.error`) until ``ReadyForQuery`` ends the
@@ -34,6 +37,7 @@ import numpy.typing as npt
 from pgcdc_dagster.cdc.copy_columns import numbers_at
 from pgcdc_dagster.cdc.pgcopy import TRAILER, header_length
 from pgcdc_dagster.exceptions import DecodeError
+from pgcdc_dagster.native import copyscan
 
 Ints = npt.NDArray[np.int64]
 Bytes = npt.NDArray[np.uint8]
@@ -94,11 +98,16 @@ class CopyOutFramer:
         """
         self._starts, self._ends = [], []
         runs: tuple[Ints, Ints, Ints] | None = None
+        native = copyscan.library()
         while pos < end and not self.done:
             if self._header and not self._trailer and data[pos] == _D:
-                if runs is None:
-                    runs = self._candidates(data, pos, end)
-                moved = self._run(runs, pos, end)
+                if native is not None and self.ncols is not None \
+                        and 0 <= self.ncols <= copyscan.MAX_COLUMNS:
+                    moved = self._native_run(native, data, pos, end, self.ncols)
+                else:
+                    if runs is None:
+                        runs = self._candidates(data, pos, end)
+                    moved = self._run(runs, pos, end)
                 if moved > pos:
                     pos = moved
                     continue
@@ -142,6 +151,15 @@ class CopyOutFramer:
         self._starts.append(starts[k:k + complete] + 5)
         self._ends.append(ends[k:k + complete])
         return int(ends[k + complete - 1])
+
+    def _native_run(self, native: copyscan.CopyScan, data: Bytes, pos: int, end: int,
+                    ncols: int) -> int:
+        """The same run, walked message by message in compiled code."""
+        starts, ends, moved = native.frame_rows(data, pos, end, ncols)
+        if len(starts):
+            self._starts.append(starts)
+            self._ends.append(ends)
+        return moved
 
     # -- one message the plain way ------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from pgcdc_dagster.cdc import copy_columns as cc
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import TypeModes
 from pgcdc_dagster.lake.delta import ensure_table
+from pgcdc_dagster.native import copyscan
 from pgcdc_dagster.postgres.binary_read import read_binary_rows
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.snapshot_read import Chunk, chunk_query, key_columns
@@ -90,7 +91,7 @@ def _task(dsn: str, ctx, key, lakehouse: Path, *, binary: bool, prefix: str) -> 
                      file_prefix=prefix, binary=binary)
 
 
-def test_binary_chunk_equals_text_chunk(pg_dsn, pg_conn, lakehouse) -> None:
+def test_binary_chunk_equals_text_chunk(pg_dsn, pg_conn, lakehouse, monkeypatch) -> None:
     with pg_conn.cursor() as cur:
         cur.execute(TABLE)
         cur.execute(ROWS)
@@ -103,7 +104,18 @@ def test_binary_chunk_equals_text_chunk(pg_dsn, pg_conn, lakehouse) -> None:
     assert kinds["i8"] == "int8" and kinds["tz"] == "timestamptz" and kinds["d"] == "date"
     assert kinds["jb"] == "jsonb" and kinds["c"] == "text" and kinds["b"] == "bool"
     assert kinds["n"] is None and kinds["p"] is None and kinds["arr"] is None
+    assert copyscan.library() is not None  # the binary read runs the compiled loops
     results = _both_ways(pg_dsn, ctx, lakehouse, rows=5004)
+    # the numpy framing and field walk (PGCDC_NATIVE=off) write the same values
+    monkeypatch.setenv(copyscan.ENV, "off")
+    with connection(pg_dsn) as conn:
+        key = tuple(key_columns(conn, "public", "t"))
+    numpy_read = run_chunk(_task(pg_dsn, ctx, key, lakehouse, binary=True, prefix="off"))
+    assert numpy_read.error is None and numpy_read.rows == 5004
+    for root, attr in ((ctx.bronze_uri, "bronze"), (ctx.silver_uri, "silver")):
+        # byte for byte: the same values, encoded the same way
+        assert [_bytes(root, f) for f in _written(getattr(numpy_read, attr))] == \
+            [_bytes(root, f) for f in _written(getattr(results[True], attr))], attr
     snapshot = pq.read_table(f"{ctx.bronze_uri}/{results[True].bronze.path}",
                              columns=["source"]).column("source").combine_chunks()
     markers = snapshot.field("snapshot").to_pylist()
@@ -169,10 +181,17 @@ def _both_ways(pg_dsn: str, ctx, lakehouse: Path, *, rows: int) -> dict:
     return results
 
 
-def _files(root: str, written) -> list[pq.ParquetFile]:
+def _written(written) -> tuple:
     """The Parquet files a chunk wrote to one table (silver: several at the target size)."""
-    files = written if isinstance(written, tuple) else (written,)
-    return [pq.ParquetFile(f"{root}/{f.path}") for f in files]
+    return written if isinstance(written, tuple) else (written,)
+
+
+def _files(root: str, written) -> list[pq.ParquetFile]:
+    return [pq.ParquetFile(f"{root}/{f.path}") for f in _written(written)]
+
+
+def _bytes(root: str, written) -> bytes:
+    return Path(f"{root}/{written.path}").read_bytes()
 
 
 def _same(x, y) -> bool:

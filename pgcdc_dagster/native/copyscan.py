@@ -1,0 +1,97 @@
+"""The compiled framing and field walk of binary COPY buffers, called through ctypes.
+
+:func:`library` returns the loaded library, or None when the numpy code must run:
+``PGCDC_NATIVE=off``, or the library could not be built or loaded (said once, at INFO).
+Each call handles a whole buffer or batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from pgcdc_dagster.native.build import BuildError, build
+
+log = logging.getLogger(__name__)
+
+ENV = "PGCDC_NATIVE"
+MAX_COLUMNS = 32767
+"""Field counts above Int16's range never match a row; the numpy code reports them."""
+
+Ints = npt.NDArray[np.int64]
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+@dataclass(frozen=True)
+class CopyScan:
+    """The loaded library's functions."""
+
+    lib: ctypes.CDLL
+
+    def frame_rows(self, data: npt.NDArray[np.uint8], pos: int, end: int, ncols: int
+                   ) -> tuple[Ints, Ints, int]:
+        """The row messages that follow each other from ``data[pos]`` up to ``end``: each
+        tuple's start and end, and where the first message not taken starts."""
+        if end > len(data) or pos < 0:
+            raise ValueError(f"frame_rows: {pos}..{end} outside {len(data)} bytes")
+        cap = max((end - pos) // (7 + 4 * ncols), 0) + 1
+        starts = np.empty(cap, dtype=np.int64)
+        ends = np.empty(cap, dtype=np.int64)
+        stop = _I64(pos)
+        n = self.lib.pgcdc_frame_rows(data.ctypes.data, pos, end, ncols, starts.ctypes.data,
+                                      ends.ctypes.data, cap, ctypes.byref(stop))
+        return starts[:n], ends[:n], stop.value  # views: the pages past n are never touched
+
+    def walk_fields(self, data: npt.NDArray[np.uint8], row_start: Ints, row_end: Ints,
+                    ncols: int) -> tuple[Ints, npt.NDArray[np.int32]] | None:
+        """Per column (a row of each result), every row's value start and length (-1:
+        NULL); None when a row is malformed."""
+        n = len(row_start)
+        row_start = np.ascontiguousarray(row_start, dtype=np.int64)
+        row_end = np.ascontiguousarray(row_end, dtype=np.int64)
+        starts = np.empty((ncols, n), dtype=np.int64)
+        lengths = np.empty((ncols, n), dtype=np.int32)
+        fault = self.lib.pgcdc_walk_fields(data.ctypes.data, len(data), row_start.ctypes.data,
+                                           row_end.ctypes.data, n, ncols, starts.ctypes.data,
+                                           lengths.ctypes.data)
+        return None if fault else (starts, lengths)
+
+
+def enabled() -> bool:
+    """False when ``PGCDC_NATIVE=off`` forces the numpy code.
+
+    Raises:
+        ValueError: another value than ``on`` or ``off``.
+    """
+    value = os.environ.get(ENV, "on").strip().lower() or "on"
+    if value not in ("on", "off"):
+        raise ValueError(f"{ENV}={value!r}: expected 'on' (the default: the compiled loops "
+                         "when they can be built) or 'off' (numpy only)")
+    return value == "on"
+
+
+def library() -> CopyScan | None:
+    """The compiled loops, or None when the numpy code runs."""
+    return _load() if enabled() else None
+
+
+@functools.cache
+def _load() -> CopyScan | None:
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (BuildError, OSError) as exc:
+        log.info("the snapshot reader's compiled loops are not available (%s); numpy runs "
+                 "them (slower, same results)", exc)
+        return None
+    lib.pgcdc_frame_rows.restype = _I64
+    lib.pgcdc_frame_rows.argtypes = [_P, _I64, _I64, ctypes.c_int32, _P, _P, _I64, _P]
+    lib.pgcdc_walk_fields.restype = _I64
+    lib.pgcdc_walk_fields.argtypes = [_P, _I64, _P, _P, _I64, ctypes.c_int32, _P, _P]
+    return CopyScan(lib)

@@ -1,0 +1,343 @@
+"""The compiled framing and field walk (pgcdc_dagster/native) give exactly what the numpy
+code gives, on randomised well-formed and malformed COPY replies; the library is built
+atomically by concurrent builders and the numpy code runs when it cannot be built."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import struct
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pgcdc_dagster.cdc import copy_columns as cc
+from pgcdc_dagster.cdc.copy_frames import CopyOutFramer
+from pgcdc_dagster.cdc.pgcopy import SIGNATURE
+from pgcdc_dagster.exceptions import DecodeError
+from pgcdc_dagster.native import build, copyscan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_library() -> Iterator[None]:
+    copyscan._load.cache_clear()
+    yield
+    copyscan._load.cache_clear()
+
+
+@pytest.fixture
+def native() -> copyscan.CopyScan:
+    lib = copyscan.library()
+    assert lib is not None, "the test machine has a C compiler: the library must build"
+    return lib
+
+
+def _msg(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack(">i", len(body) + 4) + body
+
+
+def _tuple(fields: list[bytes | None]) -> bytes:
+    out = struct.pack(">h", len(fields))
+    for f in fields:
+        out += struct.pack(">i", -1) if f is None else struct.pack(">i", len(f)) + f
+    return out
+
+
+def _value(rng: random.Random, ncols: int) -> bytes | None:
+    kind = rng.random()
+    if kind < 0.15:
+        return None
+    if kind < 0.25:
+        return b""
+    if kind < 0.35:  # imitates a row message's header
+        return b"d" + struct.pack(">i", rng.choice([6, 14, 40])) + struct.pack(">h", ncols)
+    if kind < 0.40:
+        return rng.randbytes(rng.randint(1000, 70_000))
+    return rng.randbytes(rng.randint(1, 30))
+
+
+def _rows(rng: random.Random, ncols: int, count: int) -> list[bytes]:
+    return [_tuple([_value(rng, ncols) for _ in range(ncols)]) for _ in range(count)]
+
+
+def _reply(rng: random.Random, ncols: int, rows: list[bytes]) -> bytes:
+    """CopyOutResponse, the header with the first row, rows (notices between some), the
+    trailer, CopyDone, CommandComplete, ReadyForQuery."""
+    out = _msg(b"H", b"\x01" + struct.pack(">h", ncols) + b"\x00\x01" * ncols)
+    header = SIGNATURE + struct.pack(">ii", 0, 0)
+    for i, row in enumerate(rows):
+        if rng.random() < 0.03:
+            out += _msg(rng.choice([b"N", b"S"]), b"Mnote\x00\x00")
+        out += _msg(b"d", (header if i == 0 else b"") + row)
+    out += _msg(b"d", (header if not rows else b"") + b"\xff\xff")
+    return out + _msg(b"c", b"") + _msg(b"C", b"COPY 1\x00") + _msg(b"Z", b"I")
+
+
+Framed = list[tuple[list[int], list[int], int]]
+
+
+def _frame(stream: bytes, cuts: list[int]) -> tuple[Framed, tuple[bool, bool]] | str:
+    """What the framer returns for each receive buffer (the stream cut at ``cuts``), or the
+    DecodeError it raises."""
+    framer = CopyOutFramer("test")
+    out: Framed = []
+    pending = b""
+    last = 0
+    try:
+        for cut in [*cuts, len(stream)]:
+            pending += stream[last:cut]
+            last = cut
+            data = np.frombuffer(bytearray(pending + bytes(16)), dtype=np.uint8)
+            starts, ends, pos = framer.frame(data, 0, len(pending))
+            out.append((starts.tolist(), ends.tolist(), pos))
+            pending = pending[pos:]
+    except DecodeError as exc:
+        return f"DecodeError: {exc}"
+    return out, (framer.done, framer.complete)
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, run: Callable[[], object]) -> tuple[object, object]:
+    monkeypatch.setenv(copyscan.ENV, "on")
+    on = run()
+    monkeypatch.setenv(copyscan.ENV, "off")
+    off = run()
+    monkeypatch.delenv(copyscan.ENV)
+    return on, off
+
+
+def _cuts(rng: random.Random, size: int) -> list[int]:
+    """Receive-buffer ends: anywhere, so rows and message headers are split."""
+    return sorted(rng.sample(range(1, size), min(size - 1, rng.randint(0, 12))))
+
+
+def test_framing_matches_numpy_on_random_replies(monkeypatch: pytest.MonkeyPatch,
+                                                 native: copyscan.CopyScan) -> None:
+    for seed in range(60):
+        rng = random.Random(seed)
+        ncols = rng.randint(0, 6)
+        rows = _rows(rng, ncols, rng.choice([0, 1, 5, 300]))
+        stream = _reply(rng, ncols, rows)
+        cuts = _cuts(rng, len(stream))
+        on, off = _both(monkeypatch, lambda: _frame(stream, cuts))  # noqa: B023
+        assert on == off, seed
+        assert not isinstance(on, str) and on[1] == (True, True), seed
+        assert sum(len(s) for s, _e, _p in on[0]) == len(rows), seed
+
+
+def _corrupt(rng: random.Random, stream: bytes) -> bytes:
+    data = bytearray(stream)
+    what = rng.randrange(4)
+    at = rng.randrange(len(data))
+    if what == 0:  # one byte changed (a length, a field count, a message type...)
+        data[at] = rng.randrange(256)
+    elif what == 1:  # a 'd' with a bad length
+        data[at:at + 5] = b"d" + struct.pack(">i", rng.choice([0, 2, 5, -7, 2**31 - 1]))
+    elif what == 2:  # truncated: the reply ends inside a message
+        return bytes(data[:at])
+    else:  # a row with another field count
+        at = stream.find(b"d", at)
+        data[at + 5:at + 7] = struct.pack(">h", rng.randrange(-2, 9))
+    return bytes(data)
+
+
+def test_framing_errors_match_numpy_on_corrupted_replies(monkeypatch: pytest.MonkeyPatch,
+                                                         native: copyscan.CopyScan) -> None:
+    errors = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        ncols = rng.randint(0, 4)
+        stream = _corrupt(rng, _reply(rng, ncols, _rows(rng, ncols, rng.randint(1, 40))))
+        cuts = _cuts(rng, max(len(stream), 2))
+        on, off = _both(monkeypatch, lambda: _frame(stream, cuts))  # noqa: B023
+        assert on == off, seed
+        errors += isinstance(on, str)
+    assert errors > 50  # the corruptions mostly break the stream
+
+
+def _spans(rows: list[bytes], rng: random.Random) -> cc.RowSpans:
+    """The rows in one buffer, with bytes between them (as in a receive buffer)."""
+    buf, start, end = bytearray(), [], []
+    for row in rows:
+        buf += rng.randbytes(rng.choice([0, 0, 5]))
+        start.append(len(buf))
+        buf += row
+        end.append(len(buf))
+    return cc.RowSpans(bytes(buf + bytes(16)), np.array(start, dtype=np.int64),
+                       np.array(end, dtype=np.int64))
+
+
+def _walk(spans: cc.RowSpans, ncols: int) -> object:
+    try:
+        rows = cc.split_fields(spans, ncols, label="t")
+    except DecodeError as exc:
+        return f"DecodeError: {exc}"
+    assert len(rows.starts) == len(rows.lengths) == ncols
+    assert all(s.dtype == np.int64 and x.dtype == np.int32
+               for s, x in zip(rows.starts, rows.lengths, strict=True))
+    return ([s.tolist() for s in rows.starts], [x.tolist() for x in rows.lengths],
+            rows.num_rows)
+
+
+def test_field_walk_matches_numpy(monkeypatch: pytest.MonkeyPatch,
+                                  native: copyscan.CopyScan) -> None:
+    for seed in range(80):
+        rng = random.Random(seed)
+        ncols = rng.randint(0, 7)
+        spans = _spans(_rows(rng, ncols, rng.choice([0, 1, 3, 500])), rng)
+        on, off = _both(monkeypatch, lambda: _walk(spans, ncols))  # noqa: B023
+        assert on == off, seed
+        assert not isinstance(on, str), (seed, on)
+
+
+def _bad_row(rng: random.Random, ncols: int) -> bytes:
+    """A malformed row of one kind or another."""
+    fields = [_value(rng, ncols) for _ in range(ncols)]
+    row = bytearray(_tuple(fields))
+    kind = rng.randrange(5)
+    if kind == 0:  # another field count
+        row[0:2] = struct.pack(">h", ncols + rng.choice([-1, 1, 100]))
+    elif kind == 1 and ncols:  # a length below -1
+        row[2:6] = struct.pack(">i", rng.choice([-2, -100, -(2**31)]))
+    elif kind == 2 and ncols:  # a field that overruns the row
+        row[2:6] = struct.pack(">i", len(row) + rng.randint(0, 2**30))
+    elif kind == 3:  # truncated
+        return bytes(row[:rng.randrange(len(row))])
+    else:  # bytes left over after the last field
+        row += b"\x00" * rng.randint(1, 5)
+    return bytes(row)
+
+
+def test_field_walk_errors_match_numpy(monkeypatch: pytest.MonkeyPatch,
+                                       native: copyscan.CopyScan) -> None:
+    for seed in range(200):
+        rng = random.Random(seed)
+        ncols = rng.randint(0, 5)
+        rows = _rows(rng, ncols, rng.randint(1, 30))
+        rows.insert(rng.randrange(len(rows) + 1), _bad_row(rng, ncols))
+        spans = _spans(rows, rng)
+        on, off = _both(monkeypatch, lambda: _walk(spans, ncols))  # noqa: B023
+        assert on == off, seed
+
+
+def test_walk_refuses_each_fault_itself(native: copyscan.CopyScan) -> None:
+    """Rows that end exactly where their fields do, but with a fault only a check catches
+    (so a skipped check in the C code fails here, not only in the careful walk)."""
+    good = _tuple([b"ab", None])
+    cases = {
+        "length below -1": struct.pack(">hii", 2, -2, 0),
+        "field count": struct.pack(">hi", 1, 2) + b"ab" + struct.pack(">i", -1),
+        "field past the row": struct.pack(">hi", 2, 6) + b"ab" + struct.pack(">i", -1),
+        "length past the row": struct.pack(">hi", 2, 0) + b"\x00\x00",
+        "too short": b"\x00",
+        "left over": good + b"x",
+    }
+    for name, row in cases.items():
+        spans = cc.join_rows([good, row, good])
+        data = np.frombuffer(spans.data, dtype=np.uint8)
+        assert native.walk_fields(data, spans.start, spans.end, 2) is None, name
+        with pytest.raises(DecodeError, match="row 1"):
+            cc.split_fields(spans, 2)
+    spans = cc.join_rows([good, good])
+    data = np.frombuffer(spans.data, dtype=np.uint8)
+    walked = native.walk_fields(data, spans.start, spans.end, 2)
+    assert walked is not None and walked[1].tolist() == [[2, 2], [-1, -1]]
+    # a row said to end past the buffer is refused, never read
+    assert native.walk_fields(data[:int(spans.end[-1]) - 1], spans.start, spans.end, 2) is None
+    assert native.walk_fields(data, np.array([-1]), np.array([5]), 2) is None
+
+
+def test_framing_stops_where_numpy_hands_over(native: copyscan.CopyScan) -> None:
+    """Rows are taken up to the first message that is not a complete row of ncols fields."""
+    rows = [_msg(b"d", _tuple([b"x" * i, None])) for i in range(3)]
+    other = [_msg(b"d", b"\xff\xff"), _msg(b"d", _tuple([b"x"])), b"d\x00\x00\x00\x05\x00\x02",
+             _msg(b"N", b"\x00"), b"d" + struct.pack(">I", 2**31) + b"\x00\x02"]
+    for tail in other:
+        data = np.frombuffer(b"".join(rows) + tail + bytes(16), dtype=np.uint8)
+        size = len(data) - 16
+        starts, ends, stop = native.frame_rows(data, 0, size, 2)
+        assert stop == sum(map(len, rows)), tail
+        assert [bytes(data[s:e]) for s, e in zip(starts, ends, strict=True)] == \
+            [r[5:] for r in rows]
+    # a row cut by the buffer's end stays for the next buffer, even one byte short
+    data = np.frombuffer(b"".join(rows) + bytes(16), dtype=np.uint8)
+    for end in range(len(rows[0]) + len(rows[1]), sum(map(len, rows))):
+        assert native.frame_rows(data, 0, end, 2)[2] == len(rows[0]) + len(rows[1])
+
+
+def test_off_forces_numpy_and_other_values_are_refused(monkeypatch: pytest.MonkeyPatch,
+                                                       native: copyscan.CopyScan) -> None:
+    monkeypatch.setenv(copyscan.ENV, "off")
+    assert copyscan.library() is None
+    monkeypatch.setenv(copyscan.ENV, "maybe")
+    with pytest.raises(ValueError, match="PGCDC_NATIVE='maybe'"):
+        copyscan.library()
+
+
+def _builders(env: dict[str, str], count: int) -> list[subprocess.CompletedProcess[str]]:
+    procs = [subprocess.Popen([sys.executable, "-m", "pgcdc_dagster.native.build"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(count)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def test_concurrent_builders_leave_one_whole_library(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = _builders(env, 6)
+    assert [d.returncode for d in done] == [0] * 6, [d.stderr for d in done]
+    paths = {d.stdout.strip() for d in done}
+    assert len(paths) == 1
+    files = sorted(p.name for p in (tmp_path / "pgcdc_dagster").iterdir())
+    assert files == [Path(paths.pop()).name]  # no temporary file left behind
+    assert files[0].startswith("copyscan-") and files[0].endswith(".so")
+    # the built library is the one a worker loads
+    probe = ("from pgcdc_dagster.native import copyscan, build; "
+             "assert copyscan.library() is not None; print(build.library_path())")
+    loaded = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                            text=True, check=True)
+    assert Path(loaded.stdout.strip()).name == files[0]
+
+
+def test_without_a_compiler_numpy_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    caplog.set_level(logging.INFO, logger=copyscan.__name__)
+    assert copyscan.library() is None
+    assert copyscan.library() is None
+    said = [r for r in caplog.records if r.name == copyscan.__name__]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert "no C compiler" in said[0].getMessage() and "gcc" in said[0].getMessage()
+    # the reader still works, on numpy
+    rows = cc.split_fields([_tuple([b"abc", None])], 2)
+    assert rows.lengths[0].tolist() == [3] and rows.lengths[1].tolist() == [-1]
+    # no cc on PATH at all (CC unset), in a fresh process
+    env = {k: v for k, v in os.environ.items() if k != "CC"}
+    env.update(XDG_CACHE_HOME=str(tmp_path), PATH=str(tmp_path), PYTHONPATH=str(ROOT))
+    probe = ("from pgcdc_dagster.native import copyscan; import logging, sys; "
+             "logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
+             "print(copyscan.library())")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip().endswith("None") and "numpy runs them" in out
+    assert not any(tmp_path.glob("pgcdc_dagster/*.so"))
+
+
+def test_an_unwritable_cache_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with pytest.raises(build.BuildError, match="cannot write the native library"):
+        build.build()
+    assert copyscan.library() is None
