@@ -158,6 +158,7 @@ def test_the_zygote_serves_an_equivalent_daemon_once_and_ends_with_it() -> None:
     try:
         assert _parent(worker) == daemon.pid
         assert refusing.process.wait(60) == 0  # it refused and ended
+        assert not os.path.exists(refusing.directory)  # nothing left in the temp dir
     finally:
         conn.close()
         daemon.kill()
@@ -169,7 +170,7 @@ def test_the_zygote_serves_an_equivalent_daemon_once_and_ends_with_it() -> None:
     try:
         child = _parent(worker)
         assert child != daemon.pid and _parent(child) == served.process.pid
-        assert not os.path.exists(served.path)  # one hand-off: nobody else can connect
+        assert not os.path.exists(served.directory)  # one hand-off: nobody else connects
         # SIGTERM to the process Spark started (the JVM's destroy) ends the child and its
         # workers (pyspark's shutdown), then that process, with the child's status, and
         # the zygote.

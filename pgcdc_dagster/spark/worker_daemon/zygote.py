@@ -267,6 +267,14 @@ def _supervise(conn: socket.socket, child: int) -> None:
     conn.close()
 
 
+def _remove(path: str) -> None:
+    """Remove the socket and its private directory (the zygote is their last user)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(path))
+
+
 def serve(path: str, listening: int) -> None:
     """The zygote: import the chunk reader, hand one daemon over on the socket listening at
     ``path`` (descriptor ``listening``, bound by the driver), or exit when the driver's pipe
@@ -300,8 +308,7 @@ def serve(path: str, listening: int) -> None:
             assert request is not None
             watch.close()
             listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            _remove(path)
             child = os.fork()
             if child == 0:
                 _become_daemon(request, fds, [conn])
@@ -316,8 +323,7 @@ def serve(path: str, listening: int) -> None:
             _supervise(conn, child)
             return
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        _remove(path)
 
 
 if __name__ == "__main__":
