@@ -41,6 +41,7 @@ from pgcdc_dagster.cdc.typeconv.numeric import NumericConverter
 from pgcdc_dagster.cdc.typeconv.scalars import BooleanConverter, FloatConverter, IntegerConverter
 from pgcdc_dagster.cdc.typeconv.temporal import DateConverter, TimestampTzConverter
 from pgcdc_dagster.exceptions import DecodeError
+from pgcdc_dagster.native import copyscan
 
 EPOCH_2000_DAYS = 10_957
 """PostgreSQL's date epoch (2000-01-01) in Unix epoch days."""
@@ -379,6 +380,31 @@ def _numeric(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
     scale = _numeric_scale(conv)
     assert scale is not None
     null = cc.nulls(rows, col)
+    native = copyscan.library()
+    unscaled = None if native is None else native.numeric_unscaled(
+        rows.data, rows.starts[col], rows.lengths[col], scale, _POW10_FLOAT,
+        10.0 ** NUMERIC_MAX_DIGITS)
+    if unscaled is None:
+        unscaled = _numpy_numeric(rows, col, scale, null)
+        if unscaled is None:  # NaN, infinities, values beyond the column's typmod: the
+            # converter decides
+            length = rows.lengths[col]
+            values = [None if null[r] else pg_numeric_text(
+                rows.data[rows.starts[col][r]:rows.starts[col][r] + length[r]].tobytes())
+                for r in range(len(null))]
+            return fast_convert(conv, pa.array(values, pa.string()))
+    words = np.empty((len(null), 2), dtype=np.int64)
+    words[:, 0] = unscaled
+    words[:, 1] = np.where(unscaled < 0, -1, 0)
+    silver = pa.Array.from_buffers(conv.silver_field.type, len(null),
+                                   [cc.validity(null), pa.py_buffer(words)],
+                                   null_count=int(null.sum()))
+    return _finish(conv, int64_decimal_bytes(unscaled, null), silver)
+
+
+def _numpy_numeric(rows: BinaryRows, col: int, scale: int, null: npt.NDArray[np.bool_]
+                   ) -> npt.NDArray[np.int64] | None:
+    """The signed unscaled values (0 for NULL), or None when the converter must decide."""
     start = np.where(null, 0, rows.starts[col])
     int16 = cc.numbers_at(rows.data, ">i2")
     ndigits, weight = int16[start].astype(np.int64), int16[start + 2].astype(np.int64)
@@ -398,20 +424,10 @@ def _numeric(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
         unscaled = _unscaled_in_word(rows.data, start, ndigits, weight, scale) \
             if int(ndigits.max(initial=0)) <= _WORD_GROUPS else \
             _unscaled_by_digit(int16, start, ndigits, weight, live, scale)
-    if unscaled is None:  # NaN, infinities, values beyond the column's typmod: the
-        # converter decides
-        values = [None if null[r] else pg_numeric_text(
-            rows.data[rows.starts[col][r]:rows.starts[col][r] + length[r]].tobytes())
-            for r in range(len(null))]
-        return fast_convert(conv, pa.array(values, pa.string()))
-    unscaled = np.where(sign == 0x4000, -unscaled, unscaled)
-    words = np.empty((len(null), 2), dtype=np.int64)
-    words[:, 0] = unscaled
-    words[:, 1] = np.where(unscaled < 0, -1, 0)
-    silver = pa.Array.from_buffers(conv.silver_field.type, len(null),
-                                   [cc.validity(null), pa.py_buffer(words)],
-                                   null_count=int(null.sum()))
-    return _finish(conv, int64_decimal_bytes(unscaled, null), silver)
+    if unscaled is None:
+        return None
+    signed: npt.NDArray[np.int64] = np.where(sign == 0x4000, -unscaled, unscaled)
+    return signed
 
 
 def _number(conv: ColumnConverter, rows: BinaryRows, col: int, dtype: str) -> Converted:

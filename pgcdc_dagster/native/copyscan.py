@@ -64,6 +64,23 @@ class CopyScan:
         return None if fault else (starts, lengths)
 
 
+    def numeric_unscaled(self, data: npt.NDArray[np.uint8], starts: Ints,
+                         lengths: npt.NDArray[np.int32], scale: int,
+                         pow10f: npt.NDArray[np.float64], limit: float) -> Ints | None:
+        """NUMERIC values (binary) as signed unscaled int64 at ``scale`` (0 for NULL), or
+        None when a value needs the numpy code's judgement (see ``copyscan.c``)."""
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int32)
+        pow10f = np.ascontiguousarray(pow10f, dtype=np.float64)
+        if len(pow10f) != 81:
+            raise ValueError("numeric_unscaled: pow10f must hold 10.0 ** k for k in -40..40")
+        out = np.empty(len(starts), dtype=np.int64)
+        fault = self.lib.pgcdc_numeric_unscaled(data.ctypes.data, starts.ctypes.data,
+                                                lengths.ctypes.data, len(starts), scale,
+                                                pow10f.ctypes.data, limit, out.ctypes.data)
+        return None if fault else out
+
+
 def enabled() -> bool:
     """False when ``PGCDC_NATIVE=off`` forces the numpy code.
 
@@ -94,4 +111,7 @@ def _load() -> CopyScan | None:
     lib.pgcdc_frame_rows.argtypes = [_P, _I64, _I64, ctypes.c_int32, _P, _P, _I64, _P]
     lib.pgcdc_walk_fields.restype = _I64
     lib.pgcdc_walk_fields.argtypes = [_P, _I64, _P, _P, _I64, ctypes.c_int32, _P, _P]
+    lib.pgcdc_numeric_unscaled.restype = _I64
+    lib.pgcdc_numeric_unscaled.argtypes = [_P, _P, _P, _I64, ctypes.c_int32, _P,
+                                           ctypes.c_double, _P]
     return CopyScan(lib)

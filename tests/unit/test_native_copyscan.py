@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -341,3 +342,100 @@ def test_an_unwritable_cache_falls_back(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(build.BuildError, match="cannot write the native library"):
         build.build()
     assert copyscan.library() is None
+
+
+def _numeric_bytes(rng: random.Random, scale: int) -> bytes | None:
+    """A NUMERIC's binary value: mostly ordinary ones, some the compiled code must hand to
+    numpy (NaN, infinities, too many digits, odd digits, wrong lengths, beyond int64)."""
+    from tests.unit.test_snapshot_binary_numeric import numeric_send
+
+    kind = rng.random()
+    if kind < 0.1:
+        return None
+    if kind < 0.75:
+        digits = rng.randint(1, 18)
+        unscaled = rng.randrange(10 ** (digits - 1), 10**digits) * rng.choice([1, -1])
+        return numeric_send(Decimal(unscaled).scaleb(-scale))
+    if kind < 0.8:
+        return numeric_send(Decimal(rng.randrange(1, 10**6)).scaleb(-scale - rng.randint(1, 30)))
+    if kind < 0.85:  # beyond the precision (the float bound), up to beyond int64
+        return numeric_send(Decimal(rng.randrange(10**17, 10**20)).scaleb(rng.randint(0, 3)))
+    if kind < 0.9:
+        return struct.pack(">hhHh", 0, 0, rng.choice([0xC000, 0xD000, 0xF000, 0x8000]), 0)
+    ndigits = rng.randint(0, 6)  # random header and digits
+    body = struct.pack(">hhHh", ndigits, rng.randint(-6, 6), rng.choice([0, 0x4000, 1]), 0)
+    body += b"".join(struct.pack(">h", rng.choice([0, 1, 9999, 10000, -1, rng.randint(0, 9999)]))
+                     for _ in range(ndigits))
+    return body[:rng.choice([len(body), len(body), max(len(body) - 2, 0), 6])] \
+        + b"\x00" * rng.choice([0, 0, 0, 2])
+
+
+def test_numeric_matches_numpy(monkeypatch: pytest.MonkeyPatch,
+                               native: copyscan.CopyScan) -> None:
+    from pgcdc_dagster.capture import snapshot_binary as sb
+    from pgcdc_dagster.cdc.typeconv import PgType, TypeModes, converter_for
+
+    handed_over = decoded = 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        precision = rng.randint(1, 18)
+        scale = rng.randint(0, precision)
+        conv = converter_for("n", PgType(0, "pg_catalog", "numeric", "b", "N"),
+                             ((precision << 16) | scale) + 4, TypeModes(),
+                             nullable=rng.random() < 0.8)
+        good = rng.random() < 0.5  # half the batches only ordinary values
+        values = [_numeric_bytes(rng, scale) for _ in range(rng.choice([1, 5, 200]))]
+        if good:
+            values = [v for v in values if v is None or
+                      native.numeric_unscaled(*_one(v), scale, sb._POW10_FLOAT, 1e18) is not None]
+        rows = cc.split_fields([_tuple([v]) for v in values], 1)
+
+        def convert() -> object:
+            try:
+                bronze, silver = sb.convert_column(conv, "numeric", rows, 0)  # noqa: B023
+            except Exception as exc:  # the same error either way
+                return f"{type(exc).__name__}: {exc}"
+            return bronze.to_pylist(), silver.to_pylist(), bronze.type, silver.type
+
+        on, off = _both(monkeypatch, convert)
+        assert on == off, (seed, precision, scale)
+        scan = native.numeric_unscaled(rows.data, rows.starts[0], rows.lengths[0], scale,
+                                       sb._POW10_FLOAT, 1e18)
+        handed_over += scan is None
+        decoded += scan is not None and len(values) > 1
+    assert handed_over > 50 and decoded > 50
+
+
+def _one(value: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = cc.split_fields([_tuple([value])], 1)
+    return rows.data, rows.starts[0], rows.lengths[0]
+
+
+def test_numeric_hands_over_each_odd_value(native: copyscan.CopyScan) -> None:
+    """Values the compiled code must leave to numpy, even where it could compute them (so
+    a skipped check fails here)."""
+    from pgcdc_dagster.capture import snapshot_binary as sb
+
+    def numeric(ndigits: int, weight: int, sign: int, *digits: int) -> bytes:
+        return struct.pack(f">hhHh{len(digits)}h", ndigits, weight, sign, 0, *digits)
+
+    cases = {
+        "leading zero digit": numeric(2, 1, 0, 0, 1234),
+        "digit above 9999": numeric(2, 1, 0, 1, 10000),
+        "negative digit": numeric(2, 1, 0, 1, -1),
+        "beyond the bound (5e16 at scale 2)": numeric(1, 4, 0, 5),
+        "NaN": numeric(0, 0, 0xC000),
+        "+infinity": numeric(0, 0, 0xD000),
+        "length": numeric(2, 0, 0, 1),
+        "digits past the scale": numeric(2, 0, 0, 1, 5),
+    }
+    ok = numeric(2, 0, 0x4000, 12, 3400)  # -12.34
+    for name, value in cases.items():
+        rows = cc.split_fields([_tuple([ok]), _tuple([value])], 1)
+        got = native.numeric_unscaled(rows.data, rows.starts[0], rows.lengths[0], 2,
+                                      sb._POW10_FLOAT, 1e18)
+        assert got is None, name
+    rows = cc.split_fields([_tuple([ok]), _tuple([None]), _tuple([numeric(1, 3, 0, 4)])], 1)
+    got = native.numeric_unscaled(rows.data, rows.starts[0], rows.lengths[0], 2,
+                                  sb._POW10_FLOAT, 1e18)
+    assert got is not None and got.tolist() == [-1234, 0, 4 * 10**14]
