@@ -259,7 +259,13 @@ def _zoned_strings(micros: npt.NDArray[np.int64], null: npt.NDArray[np.bool_],
     Each part is one gather from a small table (dates, clock times, groups of three
     fraction digits, truncated to ``width``) into its field of a fixed-width record."""
     valid = ~null
-    m = micros[valid] if null.any() else micros
+    some_null = bool(null.any())
+    native = copyscan.library()
+    if native is not None and 0 <= (width or 0) <= 6:
+        rows = native.zoned_strings(micros, null if some_null else None, width or 0,
+                                    _zoned_layout(width or 0).itemsize)
+        return fixed_strings(rows, valid if some_null else None, len(micros))
+    m = micros[valid] if some_null else micros
     days, rest = np.divmod(m, cal.MICROS_PER_DAY)
     seconds, fraction = np.divmod(rest, 1_000_000)
     layout = _zoned_layout(width or 0)
@@ -281,7 +287,7 @@ def _zoned_strings(micros: npt.NDArray[np.int64], null: npt.NDArray[np.bool_],
             out["us"] = _THOUSANDS[fraction % 1000]
     out["Z"] = b"Z"
     rows = out.view(np.uint8).reshape(len(m), layout.itemsize)
-    return fixed_strings(rows, valid if null.any() else None, len(micros))
+    return fixed_strings(rows, valid if some_null else None, len(micros))
 
 
 def _epoch_values(rows: BinaryRows, col: int, dtype: str, epoch: int, lo: int, hi: int

@@ -139,3 +139,61 @@ int64_t pgcdc_numeric_unscaled(const uint8_t *data, const int64_t *starts,
     }
     return 0;
 }
+
+static void digits(uint8_t *out, int64_t value, int width)
+{
+    for (int i = width - 1; i >= 0; i--) {
+        out[i] = (uint8_t)('0' + value % 10);
+        value /= 10;
+    }
+}
+
+/* "YYYY-MM-DDTHH:MM:SS[.f{width}]Z" of Unix epoch microseconds within years 1-9999 (the
+ * caller checks the range), one record of itemsize bytes per row that is not NULL (null[i]
+ * nonzero), written one after another into out. Dates by H. Hinnant's civil-from-days;
+ * the fraction's first `width` digits (truncated). */
+void pgcdc_zoned_strings(const int64_t *micros, const uint8_t *null, int64_t n,
+                         int32_t width, uint8_t *out, int64_t itemsize)
+{
+    const int64_t per_day = 86400000000LL;
+    for (int64_t i = 0; i < n; i++) {
+        if (null && null[i])
+            continue;
+        int64_t m = micros[i];
+        int64_t days = m / per_day, rest = m % per_day;
+        if (rest < 0) {
+            rest += per_day;
+            days -= 1;
+        }
+        int64_t seconds = rest / 1000000, fraction = rest % 1000000;
+        int64_t z = days + 719468;
+        int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+        int64_t doe = z - era * 146097;
+        int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+        int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        int64_t mp = (5 * doy + 2) / 153;
+        int64_t day = doy - (153 * mp + 2) / 5 + 1;
+        int64_t month = mp < 10 ? mp + 3 : mp - 9;
+        int64_t year = yoe + era * 400 + (month <= 2);
+        digits(out, year, 4);
+        out[4] = '-';
+        digits(out + 5, month, 2);
+        out[7] = '-';
+        digits(out + 8, day, 2);
+        out[10] = 'T';
+        digits(out + 11, seconds / 3600, 2);
+        out[13] = ':';
+        digits(out + 14, seconds / 60 % 60, 2);
+        out[16] = ':';
+        digits(out + 17, seconds % 60, 2);
+        if (width > 0) {
+            uint8_t six[6];
+            digits(six, fraction, 6);
+            out[19] = '.';
+            for (int k = 0; k < width && k < 6; k++)
+                out[20 + k] = six[k];
+        }
+        out[itemsize - 1] = 'Z';
+        out += itemsize;
+    }
+}

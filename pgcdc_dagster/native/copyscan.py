@@ -81,6 +81,22 @@ class CopyScan:
         return None if fault else out
 
 
+    def zoned_strings(self, micros: Ints, null: npt.NDArray[np.bool_] | None, width: int,
+                      itemsize: int) -> npt.NDArray[np.uint8]:
+        """``YYYY-MM-DDTHH:MM:SS[.f{width}]Z`` records (``itemsize`` bytes each) of the
+        epoch microseconds that are not NULL, within years 1-9999 (the caller checks)."""
+        if not 0 <= width <= 6 or itemsize != 20 + (width + 1 if width else 0):
+            raise ValueError(f"zoned_strings: width {width}, record of {itemsize} bytes")
+        micros = np.ascontiguousarray(micros, dtype=np.int64)
+        count = len(micros) if null is None else len(micros) - int(np.count_nonzero(null))
+        out = np.empty((count, itemsize), dtype=np.uint8)
+        mask = None if null is None else np.ascontiguousarray(null, dtype=np.bool_)
+        self.lib.pgcdc_zoned_strings(micros.ctypes.data,
+                                     None if mask is None else mask.ctypes.data,
+                                     len(micros), width, out.ctypes.data, itemsize)
+        return out
+
+
 def enabled() -> bool:
     """False when ``PGCDC_NATIVE=off`` forces the numpy code.
 
@@ -114,4 +130,6 @@ def _load() -> CopyScan | None:
     lib.pgcdc_numeric_unscaled.restype = _I64
     lib.pgcdc_numeric_unscaled.argtypes = [_P, _P, _P, _I64, ctypes.c_int32, _P,
                                            ctypes.c_double, _P]
+    lib.pgcdc_zoned_strings.restype = None
+    lib.pgcdc_zoned_strings.argtypes = [_P, _P, _I64, ctypes.c_int32, _P, _I64]
     return CopyScan(lib)

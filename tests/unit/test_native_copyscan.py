@@ -15,6 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from pgcdc_dagster.cdc import copy_columns as cc
@@ -439,3 +440,32 @@ def test_numeric_hands_over_each_odd_value(native: copyscan.CopyScan) -> None:
     got = native.numeric_unscaled(rows.data, rows.starts[0], rows.lengths[0], 2,
                                   sb._POW10_FLOAT, 1e18)
     assert got is not None and got.tolist() == [-1234, 0, 4 * 10**14]
+
+
+def test_zoned_timestamps_match_numpy(monkeypatch: pytest.MonkeyPatch,
+                                      native: copyscan.CopyScan) -> None:
+    from pgcdc_dagster.capture import snapshot_binary as sb
+
+    day = 86_400_000_000
+    edges = [sb.MIN_MICROS, sb.MAX_MICROS, sb.MAX_MICROS + day - 1, 0, -1, 1, -day, day - 1,
+             951_782_400_000_000, 951_868_799_999_999, -2_203_891_200_000_000,  # 2000-02-29
+             -62_135_596_800_000_000 + 1]
+    for seed in range(40):
+        rng = random.Random(seed)
+        n = rng.choice([1, 7, 3000])
+        micros = np.array([rng.choice(edges) if rng.random() < 0.2 else
+                           rng.randint(sb.MIN_MICROS, sb.MAX_MICROS + day - 1)
+                           for _ in range(n)], dtype=np.int64)
+        if seed % 3 == 0:  # a narrow span of days (the numpy code's day table)
+            micros = micros % (40 * day) + 1_600_000_000_000_000
+        null = np.array([rng.random() < (0.3 if seed % 2 else 0.0) for _ in range(n)])
+        for width in (None, 0, 1, 2, 3, 4, 5, 6):
+            on, off = _both(monkeypatch,
+                            lambda: sb._zoned_strings(micros, null, width))  # noqa: B023
+            assert isinstance(on, pa.StringArray) and isinstance(off, pa.StringArray)
+            assert on.equals(off), (seed, width)
+    # the text itself, around the edges
+    got = sb._zoned_strings(np.array([sb.MIN_MICROS, -1, 951_782_400_123_456]),
+                            np.zeros(3, dtype=np.bool_), 4).to_pylist()
+    assert got == ["0001-01-01T00:00:00.0000Z", "1969-12-31T23:59:59.9999Z",
+                   "2000-02-29T00:00:00.1234Z"]
