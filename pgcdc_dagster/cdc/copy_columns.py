@@ -246,11 +246,23 @@ _INLINE_MASKS = _inline_masks()
 def string_values(rows: BinaryRows, col: int, skip: int = 0) -> pa.StringArray:
     """The column's values as strings (the bytes after the first ``skip`` of each value).
 
-    Built as an Arrow ``string_view`` over the batch buffer (values up to 12 bytes inline,
+    Copied by the compiled loops when they are available; else built as an Arrow
+    ``string_view`` over the batch buffer (values up to 12 bytes inline,
     longer ones by offset), then cast to ``string``: one copy of each value, no Python per
     value. The bytes are not checked as UTF-8 (the server sends valid client-encoding text).
     """
     n = rows.num_rows
+    native = copyscan.library()
+    built = None if native is None or len(rows.data) >= 2**31 else \
+        native.strings(rows.data, rows.starts[col], rows.lengths[col], skip)
+    if built is not None:
+        null = rows.lengths[col] < 0
+        offsets, values = built
+        made = pa.Array.from_buffers(pa.string(), n, [validity(null), pa.py_buffer(offsets),
+                                                      pa.py_buffer(values)],
+                                     null_count=int(np.count_nonzero(null)))
+        assert isinstance(made, pa.StringArray)
+        return made
     length = rows.lengths[col].astype(np.int64)
     null = length < 0
     start = rows.starts[col] + skip

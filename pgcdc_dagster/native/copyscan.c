@@ -7,6 +7,7 @@
  * (tests/unit/test_native_copyscan.py proves it over randomised buffers).
  */
 #include <stdint.h>
+#include <string.h>
 
 static inline uint32_t be32(const uint8_t *p)
 {
@@ -195,5 +196,37 @@ void pgcdc_zoned_strings(const int64_t *micros, const uint8_t *null, int64_t n,
         }
         out[itemsize - 1] = 'Z';
         out += itemsize;
+    }
+}
+
+/* Arrow string offsets of n values (the bytes after the first `skip` of each; a NULL row,
+ * lengths[i] < 0, is empty): offsets[0..n]. Returns the total byte count, or -1 - i when row
+ * i is shorter than skip, or -1 - n when the total passes 2^31 - 1. */
+int64_t pgcdc_string_offsets(const int32_t *lengths, int64_t n, int32_t skip, int32_t *offsets)
+{
+    int64_t total = 0;
+    offsets[0] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t length = lengths[i];
+        if (length >= 0) {
+            if (length < skip)
+                return -1 - i;
+            total += length - skip;
+            if (total > 0x7FFFFFFFLL)
+                return -1 - n;
+        }
+        offsets[i + 1] = (int32_t)total;
+    }
+    return total;
+}
+
+/* The values' bytes one after another (after pgcdc_string_offsets). */
+void pgcdc_string_bytes(const uint8_t *data, const int64_t *starts, const int32_t *offsets,
+                        int64_t n, int32_t skip, uint8_t *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int32_t size = offsets[i + 1] - offsets[i];
+        if (size > 0)
+            memcpy(out + offsets[i], data + starts[i] + skip, (size_t)size);
     }
 }

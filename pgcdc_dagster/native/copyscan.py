@@ -97,6 +97,25 @@ class CopyScan:
         return out
 
 
+    def strings(self, data: npt.NDArray[np.uint8], starts: Ints,
+                lengths: npt.NDArray[np.int32], skip: int
+                ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint8]] | None:
+        """Arrow string offsets and bytes of the values (after their first ``skip`` bytes;
+        NULL rows empty), or None when a value is shorter than ``skip`` or they pass 2 GiB
+        (the numpy code names the fault)."""
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int32)
+        n = len(starts)
+        offsets = np.empty(n + 1, dtype=np.int32)
+        total = self.lib.pgcdc_string_offsets(lengths.ctypes.data, n, skip, offsets.ctypes.data)
+        if total < 0:
+            return None
+        values = np.empty(total, dtype=np.uint8)
+        self.lib.pgcdc_string_bytes(data.ctypes.data, starts.ctypes.data, offsets.ctypes.data,
+                                    n, skip, values.ctypes.data)
+        return offsets, values
+
+
 def enabled() -> bool:
     """False when ``PGCDC_NATIVE=off`` forces the numpy code.
 
@@ -132,4 +151,8 @@ def _load() -> CopyScan | None:
                                            ctypes.c_double, _P]
     lib.pgcdc_zoned_strings.restype = None
     lib.pgcdc_zoned_strings.argtypes = [_P, _P, _I64, ctypes.c_int32, _P, _I64]
+    lib.pgcdc_string_offsets.restype = _I64
+    lib.pgcdc_string_offsets.argtypes = [_P, _I64, ctypes.c_int32, _P]
+    lib.pgcdc_string_bytes.restype = None
+    lib.pgcdc_string_bytes.argtypes = [_P, _P, _P, _I64, ctypes.c_int32, _P]
     return CopyScan(lib)

@@ -469,3 +469,33 @@ def test_zoned_timestamps_match_numpy(monkeypatch: pytest.MonkeyPatch,
                             np.zeros(3, dtype=np.bool_), 4).to_pylist()
     assert got == ["0001-01-01T00:00:00.0000Z", "1969-12-31T23:59:59.9999Z",
                    "2000-02-29T00:00:00.1234Z"]
+
+
+def test_strings_match_numpy(monkeypatch: pytest.MonkeyPatch,
+                             native: copyscan.CopyScan) -> None:
+    for seed in range(60):
+        rng = random.Random(seed)
+        skip = rng.choice([0, 0, 1])
+        pieces = [b"a", b"b", "\u00e9".encode(), b" ", b"{", "\u20ac".encode()]
+        values = [None if rng.random() < 0.2 else b"\x01"[:skip] +
+                  b"".join(rng.choices(pieces, k=rng.choice([0, 1, 12, 13, rng.randint(0, 3000)])))
+                  for _ in range(rng.choice([1, 4, 500]))]
+        if skip and seed % 4 == 1:  # a value shorter than its header: the same error
+            values[rng.randrange(len(values))] = b""
+        rows = cc.split_fields([_tuple([b"x", v]) for v in values], 2)
+
+        def build() -> object:
+            try:
+                out = cc.string_values(rows, 1, skip)  # noqa: B023
+            except DecodeError as exc:
+                return f"DecodeError: {exc}"
+            out.validate(full=True)
+            return out
+
+        on, off = _both(monkeypatch, build)
+        if isinstance(on, str):
+            assert on == off and "shorter than its 1-byte header" in on, seed
+            continue
+        assert isinstance(on, pa.StringArray) and isinstance(off, pa.StringArray)
+        assert on.equals(off) and on.null_count == off.null_count, seed
+        assert on.to_pylist() == [None if v is None else v[skip:].decode() for v in values]
