@@ -207,6 +207,12 @@ def fixed_values(rows: BinaryRows, col: int, dtype: str) -> npt.NDArray[np.gener
     Raises:
         DecodeError: a non-NULL value of another width.
     """
+    native = copyscan.library()
+    if native is not None:
+        done = native.fixed_values(rows.data, rows.starts[col], rows.lengths[col],
+                                   np.dtype(dtype))
+        if done is not None:
+            return done
     width = np.dtype(dtype).itemsize
     length = rows.lengths[col]
     null = length < 0

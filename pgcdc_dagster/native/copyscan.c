@@ -230,3 +230,45 @@ void pgcdc_string_bytes(const uint8_t *data, const int64_t *starts, const int32_
             memcpy(out + offsets[i], data + starts[i] + skip, (size_t)size);
     }
 }
+
+/* Fixed-width big-endian values (width 1, 2, 4 or 8 bytes) in the host's byte order (the
+ * caller checks it is little-endian): out holds n values of width bytes, 0 for a NULL row
+ * (lengths[i] < 0). Returns 0, or 1 + i when row i's value has another width. */
+int64_t pgcdc_fixed_values(const uint8_t *data, const int64_t *starts, const int32_t *lengths,
+                           int64_t n, int32_t width, uint8_t *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t *o = out + i * width;
+        if (lengths[i] < 0) {
+            memset(o, 0, (size_t)width);
+            continue;
+        }
+        if (lengths[i] != width)
+            return 1 + i;
+        const uint8_t *p = data + starts[i];
+        switch (width) {
+        case 8: {
+            uint64_t v;
+            memcpy(&v, p, 8);
+            v = __builtin_bswap64(v);
+            memcpy(o, &v, 8);
+            break;
+        }
+        case 4: {
+            uint32_t v;
+            memcpy(&v, p, 4);
+            v = __builtin_bswap32(v);
+            memcpy(o, &v, 4);
+            break;
+        }
+        case 2:
+            o[0] = p[1];
+            o[1] = p[0];
+            break;
+        default:
+            for (int32_t k = 0; k < width; k++)
+                o[k] = p[width - 1 - k];
+        }
+    }
+    return 0;
+}

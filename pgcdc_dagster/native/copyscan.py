@@ -11,6 +11,7 @@ import ctypes
 import functools
 import logging
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,24 @@ class CopyScan:
         return offsets, values
 
 
+    def fixed_values(self, data: npt.NDArray[np.uint8], starts: Ints,
+                     lengths: npt.NDArray[np.int32], dtype: np.dtype[np.generic]
+                     ) -> npt.NDArray[np.generic] | None:
+        """Big-endian numbers of ``dtype`` (1, 2, 4 or 8 bytes) in native order, 0 for
+        NULL; None when a value has another width or the host is big-endian (the numpy
+        code names the row)."""
+        width = dtype.itemsize
+        if sys.byteorder != "little" or width not in (1, 2, 4, 8):
+            return None
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int32)
+        out = np.empty(len(starts), dtype=dtype.newbyteorder("="))
+        fault = self.lib.pgcdc_fixed_values(data.ctypes.data, starts.ctypes.data,
+                                            lengths.ctypes.data, len(starts), width,
+                                            out.ctypes.data)
+        return None if fault else out
+
+
 def enabled() -> bool:
     """False when ``PGCDC_NATIVE=off`` forces the numpy code.
 
@@ -155,4 +174,6 @@ def _load() -> CopyScan | None:
     lib.pgcdc_string_offsets.argtypes = [_P, _I64, ctypes.c_int32, _P]
     lib.pgcdc_string_bytes.restype = None
     lib.pgcdc_string_bytes.argtypes = [_P, _P, _P, _I64, ctypes.c_int32, _P]
+    lib.pgcdc_fixed_values.restype = _I64
+    lib.pgcdc_fixed_values.argtypes = [_P, _P, _P, _I64, ctypes.c_int32, _P]
     return CopyScan(lib)
