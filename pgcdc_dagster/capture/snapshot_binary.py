@@ -405,7 +405,21 @@ def _numeric(conv: ColumnConverter, rows: BinaryRows, col: int) -> Converted:
     silver = pa.Array.from_buffers(conv.silver_field.type, len(null),
                                    [cc.validity(null), pa.py_buffer(words)],
                                    null_count=int(null.sum()))
-    return _finish(conv, int64_decimal_bytes(unscaled, null), silver)
+    return _finish(conv, _decimal_bytes(native, unscaled, null), silver)
+
+
+def _decimal_bytes(native: copyscan.CopyScan | None, unscaled: npt.NDArray[np.int64],
+                   null: npt.NDArray[np.bool_]) -> pa.BinaryArray:
+    """Kafka Connect Decimal bytes of the unscaled values (compiled when available)."""
+    if native is None:
+        return int64_decimal_bytes(unscaled, null)
+    offsets, data = native.decimal_bytes(unscaled, null)
+    nulls = int(np.count_nonzero(null))
+    out = pa.Array.from_buffers(pa.binary(), len(unscaled),
+                                [cc.validity(null) if nulls else None, pa.py_buffer(offsets),
+                                 pa.py_buffer(data)], null_count=nulls)
+    assert isinstance(out, pa.BinaryArray)
+    return out
 
 
 def _numpy_numeric(rows: BinaryRows, col: int, scale: int, null: npt.NDArray[np.bool_]

@@ -272,3 +272,29 @@ int64_t pgcdc_fixed_values(const uint8_t *data, const int64_t *starts, const int
     }
     return 0;
 }
+
+/* Kafka Connect Decimal bytes of unscaled int64 values: each value's shortest big-endian
+ * two's complement (1 to 8 bytes); a NULL row (null[i] nonzero, null may be 0) is empty.
+ * offsets[0..n] and the bytes (at most 8 per row) into out. */
+void pgcdc_decimal_bytes(const int64_t *unscaled, const uint8_t *null, int64_t n,
+                         int32_t *offsets, uint8_t *out)
+{
+    int32_t total = 0;
+    offsets[0] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!(null && null[i])) {
+            int64_t v = unscaled[i];
+            uint64_t magnitude = (uint64_t)(v < 0 ? ~v : v);
+            int length = 1;
+            while (length < 8 && magnitude >= (1ULL << (8 * length - 1)))
+                length++;
+            uint64_t bits = (uint64_t)v;
+            for (int k = length - 1; k >= 0; k--) {
+                out[total + k] = (uint8_t)(bits & 0xFF);
+                bits >>= 8;
+            }
+            total += length;
+        }
+        offsets[i + 1] = total;
+    }
+}

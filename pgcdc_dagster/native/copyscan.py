@@ -135,6 +135,22 @@ class CopyScan:
         return None if fault else out
 
 
+    def decimal_bytes(self, unscaled: Ints, null: npt.NDArray[np.bool_]
+                      ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint8]]:
+        """Arrow binary offsets and bytes of Kafka Connect Decimal values (each unscaled
+        value's shortest big-endian two's complement; NULL rows empty)."""
+        unscaled = np.ascontiguousarray(unscaled, dtype=np.int64)
+        mask = np.ascontiguousarray(null, dtype=np.bool_)
+        n = len(unscaled)
+        if len(mask) != n:
+            raise ValueError("decimal_bytes: values and NULL mask of different lengths")
+        offsets = np.empty(n + 1, dtype=np.int32)
+        out = np.empty(8 * n, dtype=np.uint8)
+        self.lib.pgcdc_decimal_bytes(unscaled.ctypes.data, mask.ctypes.data, n,
+                                     offsets.ctypes.data, out.ctypes.data)
+        return offsets, out[:int(offsets[-1])]
+
+
 def enabled() -> bool:
     """False when ``PGCDC_NATIVE=off`` forces the numpy code.
 
@@ -176,4 +192,6 @@ def _load() -> CopyScan | None:
     lib.pgcdc_string_bytes.argtypes = [_P, _P, _P, _I64, ctypes.c_int32, _P]
     lib.pgcdc_fixed_values.restype = _I64
     lib.pgcdc_fixed_values.argtypes = [_P, _P, _P, _I64, ctypes.c_int32, _P]
+    lib.pgcdc_decimal_bytes.restype = None
+    lib.pgcdc_decimal_bytes.argtypes = [_P, _P, _I64, _P, _P]
     return CopyScan(lib)
