@@ -38,13 +38,18 @@ def _java() -> str:
 
 
 def _spark_jars() -> list[str]:
+    """The Spark jars as the JVM checks them against an archive: their directory (the class
+    path is part of the archive), and each jar's name, size and modification time (another
+    installation of the same Spark, e.g. a second venv, gets an archive of its own instead
+    of one the JVM refuses with a warning on the driver's output)."""
     from pyspark.find_spark_home import _find_spark_home
 
-    jars = Path(_find_spark_home()) / "jars"
+    jars = Path(_find_spark_home()).resolve() / "jars"
     try:
-        return sorted(p.name for p in jars.iterdir() if p.suffix == ".jar")
+        stats = sorted((p.name, p.stat()) for p in jars.iterdir() if p.suffix == ".jar")
     except OSError:
         return []
+    return [str(jars), *(f"{name}:{st.st_size}:{st.st_mtime_ns}" for name, st in stats)]
 
 
 def archive_dir() -> Path:

@@ -48,6 +48,25 @@ def test_no_archive_no_option_and_the_users_options_last(tmp_path, monkeypatch) 
         f"{QUICK_START_JAVA_OPTIONS} -XX:SharedArchiveFile={archive_path()} -Dmine=1"
 
 
+def test_another_spark_installation_gets_its_own_archive(tmp_path, monkeypatch) -> None:
+    """The JVM maps an archive only with the class path it was written with: a second venv
+    (same Java, same Spark version, jars elsewhere) must not pick the first one's."""
+    from pyspark import find_spark_home
+
+    monkeypatch.setenv(ARCHIVE_DIR_ENV, str(tmp_path))
+    here = archive_path()
+    copy = tmp_path / "other_spark"
+    (copy / "jars").mkdir(parents=True)
+    real = Path(find_spark_home._find_spark_home()) / "jars"
+    for jar in sorted(real.iterdir())[:3]:
+        (copy / "jars" / jar.name).write_bytes(b"")
+    monkeypatch.setattr(find_spark_home, "_find_spark_home", lambda: str(copy))
+    elsewhere = archive_path()
+    assert elsewhere != here
+    os.utime(copy / "jars" / sorted(real.iterdir())[0].name, ns=(1, 1))
+    assert archive_path() != elsewhere  # a jar changed in place: a new archive
+
+
 def test_the_archive_is_written_once_then_spark_classes_come_from_it(tmp_path) -> None:
     archives = tmp_path / "archives"
     written = subprocess.run([sys.executable, "-m", "pgcdc_dagster.spark.class_archive"],

@@ -102,10 +102,13 @@ def _driver(mode: str, tmp_path) -> tuple[subprocess.Popen[str], str]:
 
 
 def _said(proc: subprocess.Popen[str]) -> dict[str, object]:
+    """The driver's next report (the JVM writes its own warnings to the same output)."""
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, "the driver ended early"
-    return json.loads(line)  # type: ignore[no-any-return]
+    while True:
+        line = proc.stdout.readline()
+        assert line, "the driver ended early"
+        if line.startswith("{"):
+            return json.loads(line)  # type: ignore[no-any-return]
 
 
 def _hash_with_seed(seed: str) -> int:
