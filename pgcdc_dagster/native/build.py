@@ -23,17 +23,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pgcdc_dagster.cache import cache_dir
+
 SOURCE = Path(__file__).with_name("copyscan.c")
 FLAGS = ("-O2", "-shared", "-fPIC")
 
 
 class BuildError(RuntimeError):
     """The library could not be built (no compiler, a failed compile, an unwritable cache)."""
-
-
-def cache_dir() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "pgcdc_dagster"
 
 
 def compiler() -> list[str]:

@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pgcdc_dagster.cache import cache_dir
+
 ARCHIVE_DIR_ENV = "PGCDC_SPARK_CLASS_ARCHIVE_DIR"
 
 
@@ -54,10 +56,7 @@ def _spark_jars() -> list[str]:
 
 def archive_dir() -> Path:
     given = os.environ.get(ARCHIVE_DIR_ENV)
-    if given:
-        return Path(given)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "pgcdc_dagster"
+    return Path(given) if given else cache_dir()
 
 
 def archive_path() -> Path:
