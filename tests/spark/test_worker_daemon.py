@@ -3,6 +3,7 @@ before it forks the workers (issue 16: the first chunk soon after the slot exist
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -15,17 +16,22 @@ from pgcdc_dagster.spark.session import DAEMON_MODULE_CONF, session_settings
 from pgcdc_dagster.spark.snapshot_tasks import warm_workers
 
 
-def _inherited(_index: int) -> tuple[int, int, int | None, bool, str, list[str]]:
+def _inherited(_index: int
+               ) -> tuple[int, int, int | None, bool, str, list[str], int, int]:
     """On a worker: its PID, its parent's, the PID of the process that preloaded the
     chunk reader (inherited across the fork), whether the decoder is loaded, where pyspark
-    was imported from and the ``sys.path`` entries that are zips."""
+    was imported from, the ``sys.path`` entries that are zips, and the objects frozen out
+    of the collector's reach and those it walks in a full collection."""
+    import gc
+
     import pyspark
 
     from pgcdc_dagster.spark import worker_daemon as daemon
 
     return (os.getpid(), os.getppid(), daemon.PRELOADED_IN,
             "pgcdc_dagster.capture.snapshot_binary" in sys.modules, str(pyspark.__file__),
-            [entry for entry in sys.path if entry.endswith(".zip")])
+            [entry for entry in sys.path if entry.endswith(".zip")],
+            gc.get_freeze_count(), len(gc.get_objects()))
 
 
 @pytest.mark.spark
@@ -51,10 +57,13 @@ def test_workers_are_forked_from_a_daemon_that_imported_the_chunk_reader(
     slots = max(1, int(sc.defaultParallelism))
     seen = sc.parallelize(range(slots * 2), slots * 2).map(_inherited).collect()
     installed = os.path.dirname(os.path.abspath(pyspark.__file__))
-    for pid, parent, preloaded_in, decoder, imported_from, zips in seen:
+    for pid, parent, preloaded_in, decoder, imported_from, zips, frozen, walked in seen:
         # The module state was set in the daemon (the worker's parent), not by the worker.
         assert preloaded_in == parent != pid, seen
         assert decoder, seen
+        # What the daemon imported is frozen: pyspark's gc.collect() after each task (and
+        # the worker's own full collections) walk only what the tasks created.
+        assert frozen > 10 * walked, seen
         # pyspark from the installed package (cached bytecode), not from Spark's zip.
         assert os.path.dirname(imported_from) == installed, seen
         assert not [z for z in zips if z.endswith(("pyspark.zip", "-src.zip"))], seen
@@ -86,8 +95,13 @@ def test_a_module_that_cannot_be_imported_is_left_to_the_workers(monkeypatch) ->
     monkeypatch.setattr(worker_daemon, "PRELOAD",
                         ("pgcdc_dagster.cdc.lsn", "pgcdc_dagster_no_such_module"))
     monkeypatch.setattr(worker_daemon, "PRELOADED_IN", None)
-    assert worker_daemon.preload() == ["pgcdc_dagster_no_such_module"]  # the daemon serves
-    assert worker_daemon.PRELOADED_IN == os.getpid()
+    enabled = gc.isenabled()
+    try:
+        assert worker_daemon.preload() == ["pgcdc_dagster_no_such_module"]  # it serves
+        assert worker_daemon.PRELOADED_IN == os.getpid()
+        assert gc.get_freeze_count() > 0 and gc.isenabled() == enabled  # collector resumed
+    finally:
+        gc.unfreeze()  # this test process's objects back in the collector's reach
 
 
 def test_only_local_sessions_use_the_daemon_and_the_users_value_wins() -> None:
