@@ -15,7 +15,8 @@ and what the import created is frozen out of its reach at the end (``startup.py`
 A process started to execute ``initial_snapshot`` whose snapshot will read chunks starts the
 Spark JVM first thing, before the rest of this module's imports (``spark/prestart.py``): it
 comes up while Dagster imports and loads the code location, creates the run and sets up the
-step (issue 16). Hence the imports after that call (E402 is ignored for this file).
+step (issue 16). Hence the imports after that call (E402 is ignored for this file). A process
+started to execute one run ends its Spark JVM itself at exit (``spark/release.py``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from pgcdc_dagster import startup  # isort: split
 import os
 import sys
 
+from pgcdc_dagster.spark import release
 from pgcdc_dagster.spark.prestart import job_of_process, prestart_for_process
 
+if job_of_process(sys.argv, os.environ) is not None:
+    release.enable()  # a one-run process ends its Spark JVM at exit (spark/release.py)
 prestart_for_process(sys.argv, os.environ)
 
 import atexit

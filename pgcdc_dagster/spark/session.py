@@ -117,6 +117,21 @@ def _environment(master: str) -> None:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+def _settings(master: str, conf: Mapping[str, str] | None, driver_memory: str | None,
+              quick_start: bool, class_archive: bool) -> dict[str, str]:
+    """:func:`session_settings` with this project's driver JVM options: the class archive's
+    (``spark/class_archive.py``) and a one-run process's scratch directory
+    (``spark/release.py``)."""
+    from pgcdc_dagster.spark.class_archive import java_options
+    from pgcdc_dagster.spark.release import scratch_settings
+
+    scratch, scratch_options = scratch_settings(master, conf)
+    options = " ".join(o for o in (java_options() if class_archive else "", scratch_options)
+                       if o)
+    return session_settings(master, {**scratch, **(conf or {})}, driver_memory,
+                            quick_start=quick_start, java_options=options)
+
+
 def build_context(master: str = "local[2]", app_name: str = "pgcdc_dagster",
                   conf: Mapping[str, str] | None = None,
                   driver_memory: str | None = None, *,
@@ -132,13 +147,10 @@ def build_context(master: str = "local[2]", app_name: str = "pgcdc_dagster",
     check_master(master)
     from pyspark import SparkConf, SparkContext
 
-    from pgcdc_dagster.spark.class_archive import java_options
-
     _environment(master)
-    archive = java_options() if class_archive else ""
     spark_conf = SparkConf().setMaster(master).setAppName(app_name)
-    for key, value in session_settings(master, conf, driver_memory, quick_start=quick_start,
-                                       java_options=archive).items():
+    for key, value in _settings(master, conf, driver_memory, quick_start,
+                                class_archive).items():
         spark_conf.set(key, value)
     context = SparkContext.getOrCreate(spark_conf)
     if context.master != master:  # see build_session
@@ -169,11 +181,8 @@ def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
 
     _environment(master)
     builder = SparkSession.builder.master(master).appName(app_name)
-    from pgcdc_dagster.spark.class_archive import java_options
-
-    archive = java_options() if class_archive else ""
-    for key, value in session_settings(master, conf, driver_memory, quick_start=quick_start,
-                                       java_options=archive).items():
+    for key, value in _settings(master, conf, driver_memory, quick_start,
+                                class_archive).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     if session.sparkContext.master != master:
