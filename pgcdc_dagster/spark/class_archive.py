@@ -44,9 +44,9 @@ def _spark_jars() -> list[str]:
     path is part of the archive), and each jar's name, size and modification time (another
     installation of the same Spark, e.g. a second venv, gets an archive of its own instead
     of one the JVM refuses with a warning on the driver's output)."""
-    from pyspark.find_spark_home import _find_spark_home
+    from pgcdc_dagster.spark.gateway import spark_home  # pyspark itself not imported
 
-    jars = Path(_find_spark_home()).resolve() / "jars"
+    jars = Path(spark_home()).resolve() / "jars"
     try:
         stats = sorted((p.name, p.stat()) for p in jars.iterdir() if p.suffix == ".jar")
     except OSError:

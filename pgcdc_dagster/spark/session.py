@@ -145,14 +145,20 @@ def build_context(master: str = "local[2]", app_name: str = "pgcdc_dagster",
     context. A context of another master already running is stopped and replaced.
     """
     check_master(master)
-    from pyspark import SparkConf, SparkContext
+    from pgcdc_dagster.spark import gateway
 
     _environment(master)
-    spark_conf = SparkConf().setMaster(master).setAppName(app_name)
-    for key, value in _settings(master, conf, driver_memory, quick_start,
-                                class_archive).items():
+    settings = [("spark.master", master), ("spark.app.name", app_name),
+                *_settings(master, conf, driver_memory, quick_start, class_archive).items()]
+    # The JVM first, then pyspark's imports while it starts (spark/gateway.py).
+    launch = gateway.spawn(settings) if gateway.early_launch_possible() else None
+    from pyspark import SparkConf, SparkContext
+
+    gateway.import_converters()
+    spark_conf = SparkConf()
+    for key, value in settings:
         spark_conf.set(key, value)
-    context = SparkContext.getOrCreate(spark_conf)
+    context = launch.context(spark_conf) if launch else SparkContext.getOrCreate(spark_conf)
     if context.master != master:  # see build_session
         context.stop()
         context = SparkContext.getOrCreate(spark_conf)

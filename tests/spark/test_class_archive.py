@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pgcdc_dagster.spark.class_archive import ARCHIVE_DIR_ENV, archive_path, java_options
+from pgcdc_dagster.spark.gateway import spark_home
 from pgcdc_dagster.spark.session import QUICK_START_JAVA_OPTIONS, session_settings
 
 pytestmark = pytest.mark.spark
@@ -51,16 +52,14 @@ def test_no_archive_no_option_and_the_users_options_last(tmp_path, monkeypatch) 
 def test_another_spark_installation_gets_its_own_archive(tmp_path, monkeypatch) -> None:
     """The JVM maps an archive only with the class path it was written with: a second venv
     (same Java, same Spark version, jars elsewhere) must not pick the first one's."""
-    from pyspark import find_spark_home
-
     monkeypatch.setenv(ARCHIVE_DIR_ENV, str(tmp_path))
     here = archive_path()
     copy = tmp_path / "other_spark"
     (copy / "jars").mkdir(parents=True)
-    real = Path(find_spark_home._find_spark_home()) / "jars"
+    real = Path(spark_home()) / "jars"
     for jar in sorted(real.iterdir())[:3]:
         (copy / "jars" / jar.name).write_bytes(b"")
-    monkeypatch.setattr(find_spark_home, "_find_spark_home", lambda: str(copy))
+    monkeypatch.setenv("SPARK_HOME", str(copy))  # pyspark's rule: SPARK_HOME wins
     elsewhere = archive_path()
     assert elsewhere != here
     os.utime(copy / "jars" / sorted(real.iterdir())[0].name, ns=(1, 1))
