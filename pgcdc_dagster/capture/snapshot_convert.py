@@ -15,8 +15,11 @@ files with the table's schema:
   without hashing every value; so is the row markers' column (``source.snapshot``: "true"
   and the first/last markers, each value once in its dictionary, or the writer would fall
   back to PLAIN). The writer stores only binary-like dictionaries as they are, so integer
-  constants (``ts_ms``, ``__commit_lsn``, ``source.lsn`` ...) are plain repeated values,
-  written DELTA_BINARY_PACKED like the integer data below (cheaper than hashing them).
+  constants (``ts_ms``, ``__commit_lsn``, ``source.lsn``, silver ``__lsn`` ...) are plain
+  repeated values, written dictionary-encoded (a one-value dictionary page and index runs
+  of width 0): the writer hashes each value, which costs less than DELTA_BINARY_PACKED's
+  blocks (issue 16, the ten integer constants of a bronze and a silver row: 13 ns per row
+  less, measured on an 87,860-row row group of ``orders``; the files slightly smaller).
 * A constant whose value is not NULL (every one but ``source.txId``/``source.xmin``), and
   the markers, are REQUIRED Parquet fields, so no definition levels are written for them
   (the ``source`` struct itself is required in the table schema already). NULL constants
@@ -31,7 +34,7 @@ files with the table's schema:
   width, both cheaper than PLAIN + zstd. Where the first row group's values span (nearly)
   the whole physical width (random 64-bit ids, hashes), delta packing gains nothing and
   costs more than PLAIN, so such a column stays PLAIN + zstd.
-* The DELTA_BINARY_PACKED columns, the string constants and the all-null columns are
+* The DELTA_BINARY_PACKED columns, the constants and the all-null columns are
   uncompressed: they would shrink by a few kB per file at most, and zstd costs about
   0.5 ms per column and file even then. The other columns (data, the boolean constant
   ``__deleted``) are zstd level 1.
@@ -209,6 +212,7 @@ class ChunkConverter:
         """ParquetWriter options of the bronze file (ask after the first row group is
         assembled: the integer encodings are planned from it)."""
         constant = [p for f in self.bronze_writer_schema for p in _dictionary_leaves(f)]
+        constant += self._bronze_layout.integers(self._bronze_constant())
         nulls = [f.name for f in self.bronze_schema if f.name not in ("key", "after", "source")
                  and self._bronze_values.get(f.name) is None]
         nulls += [f"source.{f.name}" for f in self._source_type
@@ -220,6 +224,7 @@ class ChunkConverter:
     def silver_options(self) -> dict[str, Any]:
         """ParquetWriter options of the silver file (see :attr:`bronze_options`)."""
         constant = [p for f in self.silver_writer_schema for p in _dictionary_leaves(f)]
+        constant += self._silver_layout.integers(self._silver_constant())
         nulls = [name for name in self._silver_meta if self._silver_values.get(name) is None]
         return self._silver_layout.options(constant + self._low_cardinality(""),
                                            _flat_stats(self.silver_schema), constant + nulls)

@@ -177,6 +177,11 @@ class FileLayout:
     def columns(self) -> list[tuple[str, str]]:
         return parquet_columns(self.schema)
 
+    def integers(self, paths: Sequence[str]) -> list[str]:
+        """Those of the leaf ``paths`` whose Parquet physical type is an integer."""
+        wanted = set(paths)
+        return [path for path, t in self.columns if t in INTEGER_BITS and path in wanted]
+
     def plan(self, table: pa.Table, columns: Sequence[str] | None = None) -> None:
         """Find the integer columns whose values are too wide for delta packing, among the
         leaves under ``columns`` (default: all; the others, constants for instance, are

@@ -16,6 +16,7 @@ is one per process anyway), so the run's ``SparkResource`` gets the handle start
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -40,6 +41,8 @@ DEFAULT_APP_NAME = "pgcdc_dagster"
 DEFAULT_SLOT = "pgcdc"
 DEFAULT_MODE = "initial"
 """``CaptureResource``'s defaults of ``slot`` and ``snapshot_mode``."""
+
+log = logging.getLogger(__name__)
 
 _HANDLES: dict[tuple[str, str, tuple[tuple[str, str], ...], str | None], LazySpark] = {}
 _HANDLES_LOCK = threading.Lock()
@@ -134,7 +137,10 @@ def prestart(master: str, app_name: str = DEFAULT_APP_NAME,
     ``warm_workers`` once the session is up."""
     handle = shared_handle(master, app_name, conf, driver_memory)
     if not handle.created and uses_our_daemon(master, conf):
-        _ZYGOTES.append(zygote.start())
+        try:
+            _ZYGOTES.append(zygote.start())
+        except OSError as exc:  # the daemon imports its modules itself, a little later
+            log.info("no worker zygote (%s): Spark's daemon imports its own modules", exc)
 
     def warm(spark: HasContext) -> object:
         from pgcdc_dagster.spark.snapshot_tasks import warm_workers

@@ -7,7 +7,9 @@ closes), then runs its shutdown hooks, Spark's stop among them, and exits, about
 on this machine (issue 16: the last half second of a snapshot as a user waits for it; a
 shell or an orchestrator reading the process's output waits for the JVM too).
 
-Such a process instead ends it from an exit handler (:func:`enable`): Spark's own stop first
+Such a process instead ends it itself (:func:`enable`), as soon as the run's Spark work is
+over (:func:`spark_work_done`, on a thread, while the run reports and Dagster finishes), at
+the latest from an exit handler: Spark's own stop first
 (``JavaSparkContext.stop``: its jobs, the Python daemon and workers, the block manager, an
 event log if the user enabled one), then the JVM is killed rather than left to run its exit
 hooks, whose remaining work is deleting its scratch files: a local master's JVM of such a
@@ -40,15 +42,18 @@ LOCAL_DIR_CONF = "spark.local.dir"
 
 
 class _Release:
-    """The process's choice (:func:`enable`) and its JVM's scratch directory."""
+    """The process's choice (:func:`enable`), its JVM's scratch directory, and the thread
+    ending the JVM once the run's Spark work is over (:func:`spark_work_done`)."""
 
     def __init__(self) -> None:
         self.enabled = False
         self.scratch: Path | None = None
+        self.ending: threading.Thread | None = None
         self.lock = threading.Lock()
 
 
 _STATE = _Release()
+_ENDING = threading.Lock()
 
 
 def enable() -> None:
@@ -56,7 +61,27 @@ def enable() -> None:
     with _STATE.lock:
         if not _STATE.enabled:
             _STATE.enabled = True
-            atexit.register(release)
+            atexit.register(_at_exit)
+
+
+def spark_work_done() -> None:
+    """The run's Spark work is over (the capture op, alone in its job, has merged silver):
+    in a one-run process, end the JVM on a thread while the run reports and Dagster
+    finishes, instead of at exit. Nothing in other processes."""
+    with _STATE.lock:
+        if not _STATE.enabled or _STATE.ending is not None:
+            return
+        _STATE.ending = threading.Thread(target=release, daemon=True,
+                                         name="pgcdc-spark-release")
+        _STATE.ending.start()
+
+
+def _at_exit() -> None:
+    with _STATE.lock:
+        ending = _STATE.ending
+    if ending is not None:
+        ending.join(STOP_TIMEOUT + 5)
+    release()
 
 
 def enabled() -> bool:
@@ -86,12 +111,17 @@ def _ignore_error(*_args: object) -> None:
 def release() -> None:
     """Stop the process's Spark context, kill its JVM and remove its scratch directory.
     A process without a running context only loses the (empty) directory."""
-    pyspark = sys.modules.get("pyspark")  # a run without Spark work never imported it
-    context: Any = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context",
-                           None)
-    if context is not None and getattr(context, "_jsc", None) is not None:
-        _end(context)
-    remove_scratch()
+    if not _ENDING.acquire(timeout=STOP_TIMEOUT + 5):  # the other caller is stuck: leave it
+        return
+    try:
+        pyspark = sys.modules.get("pyspark")  # a run without Spark work never imported it
+        context: Any = getattr(getattr(pyspark, "SparkContext", None),
+                               "_active_spark_context", None)
+        if context is not None and getattr(context, "_jsc", None) is not None:
+            _end(context)
+        remove_scratch()
+    finally:
+        _ENDING.release()
 
 
 def remove_scratch() -> None:
@@ -109,7 +139,7 @@ def _end(context: Any) -> None:
         server.server_shutdown = True
         server.handle_error = _ignore_error
     stopper = threading.Thread(target=_stop_quietly, args=(context,), daemon=True,
-                               name="pgcdc-spark-release")
+                               name="pgcdc-spark-stop")
     stopper.start()
     stopper.join(STOP_TIMEOUT)
     if proc is not None and proc.poll() is None:

@@ -5,12 +5,12 @@ a sequential key, a bigint spread over the whole int64 range, smallint/int (with
 date, timestamp, timestamptz, an all-NULL int, an int array and text. Each bronze and silver
 data file must show the layout ``capture/snapshot_convert.py`` describes:
 
-* integer-physical columns without dictionary, integer constants included, are
-  DELTA_BINARY_PACKED and uncompressed (``key.id``, ``after.id``, list elements, silver
-  dates and timestamps, ``__commit_lsn``), except the full-range bigint, which stays
-  PLAIN + zstd;
+* integer-physical data columns without dictionary are DELTA_BINARY_PACKED and
+  uncompressed (``key.id``, ``after.id``, list elements, silver dates and timestamps),
+  except the full-range bigint, which stays PLAIN + zstd;
 * string constants (the row markers too) are written through their one-value dictionary,
-  low-cardinality data (the all-NULL int) through a planned one;
+  integer constants (``__commit_lsn``, ``source.lsn``, silver ``__lsn`` ...) dictionary-
+  encoded too, low-cardinality data (the all-NULL int) through a planned dictionary;
 * constant and all-NULL columns are uncompressed, the other data columns zstd;
 * constant columns that are never NULL (``op``, ``ts_ms``, ``source.lsn``, silver ``__lsn``
   ...) are REQUIRED; the NULL ones (``source.txId``, ``transaction``) stay optional.
@@ -72,20 +72,22 @@ BRONZE = {
     **{f"before.{c}": (DELTA, NONE) for c in [*INTS, "r", "nothing"]},
     "before.tz": (PLAIN, NONE), "before.s": (PLAIN, NONE),
     "before.n": (PLAIN, NONE), "before.w": (PLAIN, NONE),
-    # constants: strings through their one-value dictionary, integers DELTA, uncompressed
+    # constants: through a one-value dictionary, uncompressed (the NULL ones: DELTA pages
+    # without values)
     **{f"source.{c}": (DICT, NONE) for c in ["version", "connector", "name", "snapshot",
-                                             "db", "sequence", "schema", "table"]},
-    **{f"source.{c}": (DELTA, NONE) for c in ["ts_ms", "ts_us", "lsn", "txId", "xmin"]},
-    "op": (DICT, NONE), "ts_ms": (DELTA, NONE), "__commit_lsn": (DELTA, NONE),
-    "__ordinal": (DELTA, NONE),
+                                             "db", "sequence", "schema", "table", "ts_ms",
+                                             "ts_us", "lsn"]},
+    **{f"source.{c}": (DELTA, NONE) for c in ["txId", "xmin"]},
+    "op": (DICT, NONE), "ts_ms": (DICT, NONE), "__commit_lsn": (DICT, NONE),
+    "__ordinal": (DICT, NONE),
     "transaction.id": (PLAIN, NONE), "transaction.total_order": (DELTA, NONE),
     "transaction.data_collection_order": (DELTA, NONE),
     "__toast_unchanged.list.element": (PLAIN, NONE),
 }
 """Every bronze column: (encoding, codec)."""
 SILVER = {
-    **{c: (DELTA, NONE) for c in ["id", "i2", "i4", "d", "ts", "tz", "arr.list.element",
-                                  "__lsn", "__commit_lsn", "__ordinal", "__source_ts_ms"]},
+    **{c: (DELTA, NONE) for c in ["id", "i2", "i4", "d", "ts", "tz", "arr.list.element"]},
+    **{c: (DICT, NONE) for c in ["__lsn", "__commit_lsn", "__ordinal", "__source_ts_ms"]},
     "r": (PLAIN, ZSTD), "s": (PLAIN, ZSTD), "nothing": (DICT, ZSTD),
     "n": (DELTA, NONE),  # NUMERIC(12,2): stored as INT64, so delta-packed
     "w": (PLAIN, ZSTD),  # NUMERIC(30,4): fixed-size binary

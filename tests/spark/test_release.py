@@ -1,5 +1,6 @@
-"""A one-run process ends its Spark JVM at exit (``spark/release.py``, issue 16): the JVM is
-gone when the process is, its scratch directory with it, and nothing it started is left.
+"""A one-run process ends its Spark JVM once the run's Spark work is over, at the latest at
+exit (``spark/release.py``, issue 16): the JVM is gone when the process is, its scratch
+directory with it, and nothing it started is left.
 Other processes keep the session as before: no scratch directory of ours, the user's
 ``spark.local.dir`` respected.
 
@@ -24,25 +25,34 @@ from pgcdc_dagster.spark import release
 from tests.support.processes import MARK, left_behind
 
 DRIVER = r'''
-import json, os, sys, tempfile
+import json, os, sys, tempfile, time
 from pgcdc_dagster.spark import release
 from pgcdc_dagster.spark.prestart import prestart
 
-if sys.argv[1] == "one-run":
+if sys.argv[1].startswith("one-run"):
     release.enable()
 handle = prestart("local[2]")
 sc = handle.tasks().sparkContext
 assert sc.parallelize(range(4), 2).map(lambda x: x * 2).collect() == [0, 2, 4, 6]
 conf = dict(sc.getConf().getAll())
-print(json.dumps({"jvm": sc._gateway.proc.pid, "local_dir": conf.get("spark.local.dir"),
-                  "java": conf.get("spark.driver.extraJavaOptions", "")}), flush=True)
+report = {"jvm": sc._gateway.proc.pid, "local_dir": conf.get("spark.local.dir"),
+          "java": conf.get("spark.driver.extraJavaOptions", "")}
+if sys.argv[1] == "one-run":  # the run's Spark work is over: ended before the process exits
+    release.spark_work_done()
+    proc = sc._gateway.proc
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    report["ended_before_exit"] = proc.poll() is not None
+print(json.dumps(report), flush=True)
 '''
 
 
 def _run(mode: str, tmp_path: Path) -> tuple[dict[str, object], str, Path]:
     """Run a driver to its end; its report, its mark and its TMPDIR."""
     mark = uuid.uuid4().hex
-    tmp = tmp_path / mode
+    # Too long for the worker zygote's socket path: the prestart goes on without it.
+    tmp = tmp_path / f"{mode}-{'t' * 100}"
     tmp.mkdir()
     env = {**os.environ, MARK: mark, "TMPDIR": str(tmp), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": sys.executable}
@@ -72,8 +82,9 @@ def _alive(pid: object) -> bool:
 
 
 @pytest.mark.spark
-def test_a_one_run_process_ends_its_jvm_and_scratch_with_it(tmp_path) -> None:
-    report, mark, tmp = _run("one-run", tmp_path)
+@pytest.mark.parametrize("mode", ["one-run", "one-run-at-exit"])
+def test_a_one_run_process_ends_its_jvm_and_scratch_with_it(mode, tmp_path) -> None:
+    report, mark, tmp = _run(mode, tmp_path)
     # The JVM had a scratch directory of the process's own, under TMPDIR ...
     local_dir = report["local_dir"]
     assert isinstance(local_dir, str)
@@ -83,6 +94,8 @@ def test_a_one_run_process_ends_its_jvm_and_scratch_with_it(tmp_path) -> None:
     # ... and it was gone, the JVM with it, when the driver's process ended: a JVM left to
     # end by itself is still running then (it notices its input closed, then runs its hooks).
     assert report["jvm_alive_at_exit"] is False
+    # Once the run's Spark work was done, on a thread; else by the exit handler.
+    assert report.get("ended_before_exit") is (True if mode == "one-run" else None)
     assert list(tmp.iterdir()) == []
     assert left_behind(mark) == []  # the daemon, the zygote, the workers
 

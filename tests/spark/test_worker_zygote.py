@@ -15,6 +15,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -244,3 +245,17 @@ def test_no_process_outlives_a_killed_driver_or_an_unused_zygote(tmp_path) -> No
     _said(proc)
     assert proc.wait(60) == 0
     assert left_behind(mark) == []
+
+
+
+def test_a_socket_path_too_long_leaves_nothing(monkeypatch, tmp_path) -> None:
+    """A TMPDIR too long for a Unix socket's path (108 bytes): start raises OSError and
+    leaves nothing (the prestart then goes on without a zygote: ``test_release.py`` runs its
+    drivers under such a TMPDIR)."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    environ: dict[str, str] = {}
+    with pytest.raises(OSError):
+        zygote.start(environ)
+    assert list(deep.iterdir()) == [] and zygote.SOCKET_ENV not in environ

@@ -91,14 +91,23 @@ class Zygote:
 def start(environ: MutableMapping[str, str] | None = None) -> Zygote:
     """Start a zygote and name its socket in ``environ`` (``os.environ``: the JVM started
     after this inherits it, and so does the daemon Spark starts). The socket listens before
-    this returns (a daemon that connects early waits for the zygote's imports)."""
+    this returns (a daemon that connects early waits for the zygote's imports).
+
+    Raises:
+        OSError: the socket cannot be made (nothing is left behind); Spark's daemon then
+            imports its modules itself.
+    """
     env = os.environ if environ is None else environ
     directory = tempfile.mkdtemp(prefix="pgcdc-zygote-")  # mode 0700
     path = os.path.join(directory, "daemon.sock")
     child_env = {**env, HASH_SEED_ENV: hash_seed(env)}
     child_env.pop(SOCKET_ENV, None)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(path)
+        try:
+            listener.bind(path)  # OSError: e.g. a TMPDIR too long for a socket's path
+        except OSError:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
         listener.listen(1)
         process = subprocess.Popen(
             [sys.executable, "-m", ZYGOTE_MODULE, path, str(listener.fileno())],
