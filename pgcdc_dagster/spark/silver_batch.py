@@ -59,15 +59,20 @@ class _RemoteReader:
 
 def read_bronze(spark: SparkSession, files: Sequence[str], schema: pa.Schema | None = None,
                 storage: dict[str, str] | None = None) -> DataFrame:
-    """The bronze files as a DataFrame. Local files: Spark's Parquet reader (schemas merged).
-    Object-store files: read on the executors through pyarrow (``schema`` is the table's)."""
-    from pgcdc_dagster.lake.paths import is_local
-
-    if schema is None or all(is_local(f) for f in files):
-        # Files written before and after a schema change differ: merge their schemas.
-        return spark.read.option("mergeSchema", "true").parquet(*files)
+    """The bronze files as a DataFrame under ``schema`` (the table's, or the part of it
+    read): a column a file lacks reads as null, as Delta readers read it (a field added
+    after the file was written; the all-null columns a snapshot file leaves out,
+    ``capture/snapshot_convert.py``). Local files: Spark's Parquet reader, given the schema.
+    Object-store files: read on the executors through pyarrow. Without ``schema`` (local
+    files only): the files' schemas merged."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    from pgcdc_dagster.lake.paths import is_local
+
+    if schema is None:
+        return spark.read.option("mergeSchema", "true").parquet(*files)
+    if all(is_local(f) for f in files):
+        return spark.read.schema(from_arrow_schema(schema)).parquet(*files)
     slots = max(1, int(spark.sparkContext.defaultParallelism))
     paths = spark.createDataFrame([(f,) for f in files], "path string") \
         .repartition(min(len(files), slots))

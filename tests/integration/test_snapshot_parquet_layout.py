@@ -13,11 +13,15 @@ data file must show the layout ``capture/snapshot_convert.py`` describes:
   encoded too, low-cardinality data (the all-NULL int) through a planned dictionary;
 * constant and all-NULL columns are uncompressed, the other data columns zstd;
 * constant columns that are never NULL (``op``, ``ts_ms``, ``source.lsn``, silver ``__lsn``
-  ...) are REQUIRED; the NULL ones (``source.txId``, ``transaction``) stay optional.
+  ...) are REQUIRED; the NULL ones (``source.txId``) stay optional;
+* bronze's columns NULL in every snapshot row (``before``, ``transaction``,
+  ``__toast_unchanged``) are not in the files.
 
 Then the tables read back the same through delta-rs (its pyarrow reader and DataFusion),
-through Spark's Parquet reader and through the Spark silver preparer (which merges the
-snapshot files' schema with that of stream-written files), and equal the source rows.
+through Spark's Parquet reader given the table's schema (``read_bronze``, the Spark silver
+preparer's reader: snapshot files alone, and with stream-written files that hold those
+columns), through the Arrow preparer's reader (``read_files``) and after bronze's
+compaction rewrote them, and equal the source rows.
 """
 
 from __future__ import annotations
@@ -36,10 +40,13 @@ from deltalake import DeltaTable, QueryBuilder
 from pgcdc_dagster.capture.runner import run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_contexts
+from pgcdc_dagster.cdc.silver_batch import INPUT_COLUMNS
+from pgcdc_dagster.lake.bronze_read import read_files
 from pgcdc_dagster.lake.parquet_layout import leaf_arrays as _leaf_arrays
 from pgcdc_dagster.lake.parquet_layout import parquet_columns
 from pgcdc_dagster.lake.parquet_layout import wide as _wide
-from pgcdc_dagster.spark.silver_batch import prepare
+from pgcdc_dagster.lake.upkeep import compact_bronze
+from pgcdc_dagster.spark.silver_batch import prepare, read_bronze
 from tests.support.compare import assert_silver_equals_source, source_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -68,10 +75,6 @@ BRONZE = {
     "after.nothing": (DICT, ZSTD),  # all NULL: planned low-cardinality
     "after.tz": (PLAIN, ZSTD), "after.s": (PLAIN, ZSTD),
     "after.n": (PLAIN, ZSTD), "after.w": (PLAIN, ZSTD),  # Decimal bytes (precise mode)
-    # ``before`` is all NULL in a snapshot: DELTA pages without values, nothing to compress
-    **{f"before.{c}": (DELTA, NONE) for c in [*INTS, "r", "nothing"]},
-    "before.tz": (PLAIN, NONE), "before.s": (PLAIN, NONE),
-    "before.n": (PLAIN, NONE), "before.w": (PLAIN, NONE),
     # constants: through a one-value dictionary, uncompressed (the NULL ones: DELTA pages
     # without values)
     **{f"source.{c}": (DICT, NONE) for c in ["version", "connector", "name", "snapshot",
@@ -80,11 +83,9 @@ BRONZE = {
     **{f"source.{c}": (DELTA, NONE) for c in ["txId", "xmin"]},
     "op": (DICT, NONE), "ts_ms": (DICT, NONE), "__commit_lsn": (DICT, NONE),
     "__ordinal": (DICT, NONE),
-    "transaction.id": (PLAIN, NONE), "transaction.total_order": (DELTA, NONE),
-    "transaction.data_collection_order": (DELTA, NONE),
-    "__toast_unchanged.list.element": (PLAIN, NONE),
 }
-"""Every bronze column: (encoding, codec)."""
+"""Every bronze column: (encoding, codec); ``before``, ``transaction`` and
+``__toast_unchanged``, NULL in every snapshot row, are not written."""
 SILVER = {
     **{c: (DELTA, NONE) for c in ["id", "i2", "i4", "d", "ts", "tz", "arr.list.element"]},
     **{c: (DICT, NONE) for c in ["__lsn", "__commit_lsn", "__ordinal", "__source_ts_ms"]},
@@ -98,8 +99,7 @@ BRONZE_REQUIRED = ["op", "ts_ms", "source.version", "source.ts_ms", "source.snap
                    "source.sequence", "source.ts_us", "source.lsn", "__commit_lsn",
                    "__ordinal"]
 """Leaves with no definition level (``source`` itself is required in the table schema)."""
-BRONZE_OPTIONAL = {"source.txId": 1, "source.xmin": 1, "transaction.id": 2, "after.id": 2,
-                   "key.id": 2, "__toast_unchanged.list.element": 3}
+BRONZE_OPTIONAL = {"source.txId": 1, "source.xmin": 1, "after.id": 2, "key.id": 2}
 """Leaves that keep their definition levels (NULL constants, data): the maximum level."""
 SILVER_REQUIRED = ["id", "__op", "__lsn", "__commit_lsn", "__ordinal", "__source_ts_ms",
                    "__deleted"]
@@ -159,8 +159,15 @@ def _by_key(table: pa.Table, key: str) -> dict[Any, dict[str, Any]]:
     return out
 
 
-def _spark_table(spark: Any, files: list[str]) -> pa.Table:
-    return spark.read.option("mergeSchema", "true").parquet(*files).toArrow()
+def _spark_table(spark: Any, files: list[str], schema: pa.Schema | None = None) -> pa.Table:
+    if schema is None:
+        return spark.read.option("mergeSchema", "true").parquet(*files).toArrow()
+    return read_bronze(spark, files, schema).toArrow()
+
+
+def _events(table: pa.Table) -> list[dict[str, Any]]:
+    return sorted((_norm(r) for r in table.to_pylist()),
+                  key=lambda r: (r["__commit_lsn"], r["__ordinal"], r["key"]["id"]))
 
 
 def _delta_files(uri: str) -> Iterator[str]:
@@ -208,7 +215,9 @@ def test_snapshot_files_layout_and_readers(pg_dsn, pg_conn, spark, lakehouse) ->
         want = source[(k,)]
         assert {c: rec[c] for c in want} == want, k
     bronze = _by_key(DeltaTable(ctx.bronze_uri).to_pyarrow_table(), "key")
-    assert _by_key(_spark_table(spark, bronze_files), "key") == bronze
+    bronze_schema = pa.schema(DeltaTable(ctx.bronze_uri).schema().to_arrow())
+    assert _by_key(_spark_table(spark, bronze_files, bronze_schema), "key") == bronze
+    assert _by_key(read_files(bronze_files, bronze_schema), "key") == bronze
     assert len(bronze) == ROWS
     markers = Counter(rec["source"]["snapshot"] for rec in bronze.values())
     assert markers == {"true": ROWS - 2, "first": 1, "last": 1}
@@ -226,8 +235,19 @@ def test_snapshot_files_layout_and_readers(pg_dsn, pg_conn, spark, lakehouse) ->
         assert after["ts"] == (want["ts"] - dt.datetime(1970, 1, 1)) // dt.timedelta(
             microseconds=1)
 
+    # A silver batch prepared in Spark from the snapshot files alone (a rebuild, a catch-up
+    # after an incremental snapshot): the columns they lack read as null.
+    read = pa.schema([bronze_schema.field(c) for c in INPUT_COLUMNS])
+    batch = prepare(spark, bronze_files, ["id"], ctx.toastable, read)
+    assert batch.rows.num_rows == ROWS and batch.truncate_seq is None and not batch.lookups
+    for rec in batch.rows.to_pylist():
+        assert rec["op"] == "r" and rec["__toast_unchanged"] is None, rec
+        assert {c: rec["image"][c] for c in ("id", "r", "i4", "arr", "s")} == \
+            {c: bronze[rec["image"]["id"]]["after"][c] for c in ("id", "r", "i4", "arr", "s")}
+
     # Stream changes, then prepare a silver batch in Spark from every bronze file: the
-    # snapshot files (required constants, DELTA ints) merge with the stream-written ones.
+    # snapshot files (required constants, dictionary and DELTA ints, no ``before``) read
+    # with the stream-written ones under the table's schema.
     with pg_conn.cursor() as cur:
         cur.execute("UPDATE lay SET r = r / 2, i4 = NULL, arr = ARRAY[7] WHERE id % 1000 = 1")
         cur.execute("DELETE FROM lay WHERE id IN (5, 6)")
@@ -235,7 +255,15 @@ def test_snapshot_files_layout_and_readers(pg_dsn, pg_conn, spark, lakehouse) ->
     run_bronze(settings, spark, force_snapshot_step=False)
     all_files = list(_delta_files(ctx.bronze_uri))
     assert len(all_files) > len(bronze_files)
-    batch = prepare(spark, all_files, ["id"], ctx.toastable)
+    bronze_schema = pa.schema(DeltaTable(ctx.bronze_uri).schema().to_arrow())
+    read = pa.schema([bronze_schema.field(c) for c in INPUT_COLUMNS])
+    batch = prepare(spark, all_files, ["id"], ctx.toastable, read)
+    assert batch.rows.num_rows == ROWS + 1  # every key's latest event, the deletes included
+    # Every reader reads the mixed files alike: delta-rs, Spark and the Arrow reader.
+    events = _events(DeltaTable(ctx.bronze_uri).to_pyarrow_table())
+    assert _events(_spark_table(spark, all_files, bronze_schema)) == events
+    assert _events(read_files(all_files, bronze_schema)) == events
+    assert any(e["before"] is not None for e in events if e["op"] == "d")
     source = source_rows(pg_conn, "public", "lay", ["id"])
     images = {}
     for rec in batch.rows.to_pylist():
@@ -250,6 +278,10 @@ def test_snapshot_files_layout_and_readers(pg_dsn, pg_conn, spark, lakehouse) ->
     run_silver(settings, spark)
     assert assert_silver_equals_source(pg_conn, ctx.silver_uri, "public", "lay",
                                        ["id"]) == ROWS - 1
+    # Bronze's compaction rewrites the snapshot files with the stream's: the same events.
+    compacted = compact_bronze(ctx.bronze_uri, ctx.silver_uri, ctx.silver_app_id, 64 << 20)
+    assert compacted.files_removed == len(all_files) and compacted.files_added >= 1
+    assert _events(DeltaTable(ctx.bronze_uri).to_pyarrow_table()) == events
 
 
 def test_sampled_leaves_are_named_like_the_parquet_columns() -> None:
