@@ -182,3 +182,38 @@ def test_a_prestart_only_when_the_snapshot_will_read(pg_dsn, pg_conn) -> None:
     out = subprocess.run([sys.executable, "-c", probe, pg_dsn], capture_output=True,
                          text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_background_start_switches_threads_often_then_restores_the_interval() -> None:
+    """The starting thread's py4j calls wait for the GIL at most the switch interval each
+    while another thread runs Python: a background start shortens it, and puts it back."""
+    import sys
+    import threading
+
+    from pgcdc_dagster.spark.lazy import START_SWITCH_INTERVAL, quick_switches
+
+    seen: list[float] = []
+    release = threading.Event()
+
+    def build() -> object:
+        seen.append(sys.getswitchinterval())
+        release.wait(30)
+        return object()
+
+    before = sys.getswitchinterval()
+    handle = LazySpark(lambda: pytest.fail("no SQL session"),  # type: ignore[arg-type]
+                       quick_build=build)  # type: ignore[arg-type]
+    handle.start(on_ready=lambda _spark: seen.append(sys.getswitchinterval()), quick=True)
+    with quick_switches():  # a second start under way meanwhile
+        release.set()
+        handle.tasks()
+        assert sys.getswitchinterval() == START_SWITCH_INTERVAL  # the other start's still
+    assert seen == [START_SWITCH_INTERVAL, START_SWITCH_INTERVAL]  # build and its hooks
+    assert sys.getswitchinterval() == before  # restored when the last start ended
+    # An interval someone else set meanwhile is theirs: not overwritten.
+    try:
+        with quick_switches():
+            sys.setswitchinterval(0.002)
+        assert sys.getswitchinterval() == 0.002
+    finally:
+        sys.setswitchinterval(before)
