@@ -56,12 +56,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 
 # The Spark driver's class archive (pgcdc_dagster/spark/class_archive.py): every Spark
-# session's JVM then starts in less than half the time. Once per Java and Spark installation
-# (its name carries their digest); best effort: without it Spark starts as before.
-archive_missing='import sys; from pgcdc_dagster.spark.class_archive import archive_path
-sys.exit(archive_path().is_file())'
+# session's JVM then starts in less than half the time; and the launcher's (spark-class's JVM
+# that prints the driver's command). Once per Java and Spark installation (their names carry
+# their digest); best effort: without them Spark starts as before.
+archive_missing='import sys; from pgcdc_dagster.spark.class_archive import archive_path, launcher_archive_path
+sys.exit(archive_path().is_file() and launcher_archive_path().is_file())'
 if .venv/bin/python -c "$archive_missing" 2>/dev/null; then
-  echo "setup: writing the Spark driver's class archive (once, ~30 s)"
+  echo "setup: writing the Spark class archives (once, ~30 s)"
   .venv/bin/python -m pgcdc_dagster.spark.class_archive >.venv/class-archive.log 2>&1 \
     || echo "setup: no Spark class archive (Spark starts without it): .venv/class-archive.log" >&2
 fi

@@ -109,8 +109,17 @@ def check_master(master: str) -> None:
         )
 
 
+def launcher_java_options() -> str:
+    """:data:`LAUNCHER_JAVA_OPTIONS`, with the launcher's class archive when there is one
+    (``spark/class_archive.py``)."""
+    from pgcdc_dagster.spark.class_archive import launcher_options
+
+    return " ".join(o for o in (LAUNCHER_JAVA_OPTIONS, launcher_options()) if o)
+
+
 def _environment(master: str) -> None:
-    os.environ.setdefault(LAUNCHER_OPTIONS_ENV, LAUNCHER_JAVA_OPTIONS)
+    if LAUNCHER_OPTIONS_ENV not in os.environ:
+        os.environ[LAUNCHER_OPTIONS_ENV] = launcher_java_options()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):

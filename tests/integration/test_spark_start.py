@@ -147,7 +147,9 @@ def test_a_quick_start_compiles_less_and_keeps_the_users_java_options(monkeypatc
     # for any master, unless the user gave its options.
     monkeypatch.delenv(session.LAUNCHER_OPTIONS_ENV, raising=False)
     session._environment("spark://h:7077")
-    assert session.os.environ[session.LAUNCHER_OPTIONS_ENV] == session.LAUNCHER_JAVA_OPTIONS
+    launcher = session.os.environ[session.LAUNCHER_OPTIONS_ENV]
+    assert launcher == session.launcher_java_options()  # with its class archive, if any
+    assert launcher.startswith(session.LAUNCHER_JAVA_OPTIONS)
     monkeypatch.setenv(session.LAUNCHER_OPTIONS_ENV, "-Xmx64m")
     session._environment("local[2]")
     assert session.os.environ[session.LAUNCHER_OPTIONS_ENV] == "-Xmx64m"

@@ -72,9 +72,12 @@ def test_the_archive_is_written_once_then_spark_classes_come_from_it(tmp_path) -
                              env=_env(archives), cwd=ROOT, capture_output=True, text=True,
                              timeout=600)
     assert written.returncode == 0, written.stdout[-3000:] + written.stderr[-3000:]
-    jsa = [p.name for p in archives.iterdir()]
-    assert len(jsa) == 1 and jsa[0].startswith("spark-driver-") and jsa[0].endswith(".jsa")
-    assert "class archive written" in written.stdout
+    jsa = sorted(p.name for p in archives.iterdir())  # the driver's, then the launcher's
+    assert len(jsa) == 2 and all(name.endswith(".jsa") for name in jsa), jsa
+    assert jsa[0].startswith("spark-driver-") and jsa[1].startswith("spark-launcher-")
+    assert jsa[0].split("-")[-1] == jsa[1].split("-")[-1]  # the same Java and jars
+    assert "driver class archive written" in written.stdout
+    assert "launcher class archive written" in written.stdout
 
     loads = tmp_path / "class-load.log"
     run = subprocess.run([sys.executable, "-c", _SESSION, str(loads)], env=_env(archives),
@@ -83,3 +86,40 @@ def test_the_archive_is_written_once_then_spark_classes_come_from_it(tmp_path) -
     context = [line for line in loads.read_text().splitlines()
                if " org.apache.spark.SparkContext " in line]
     assert context and "shared objects file (top)" in context[0], context
+
+
+def test_the_launcher_maps_its_own_archive_and_prints_only_the_command(tmp_path,
+                                                                      monkeypatch) -> None:
+    """Spark's launcher JVM (spark-class's, before every driver) maps its small archive once
+    written, and its log lines never reach the standard output spark-class reads."""
+    from pgcdc_dagster.spark import class_archive
+    from pgcdc_dagster.spark.session import LAUNCHER_JAVA_OPTIONS, launcher_java_options
+
+    monkeypatch.setenv(ARCHIVE_DIR_ENV, str(tmp_path))
+    assert class_archive.launcher_options() == ""
+    assert launcher_java_options() == LAUNCHER_JAVA_OPTIONS
+    written = class_archive.write_launcher_archive()
+    assert written == class_archive.launcher_archive_path() and written.stat().st_size > 0
+    assert list(tmp_path.iterdir()) == [written]  # no partial file left
+    options = launcher_java_options()
+    assert options == f"{LAUNCHER_JAVA_OPTIONS} -XX:SharedArchiveFile={written} " \
+                      f"{class_archive.LAUNCHER_LOGGING}"
+    loads = tmp_path / "launcher-loads.log"
+    launched = class_archive._launch(f"-XX:SharedArchiveFile={written} "
+                                     f"-Xlog:class+load=info:file={loads}")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    main_class = [line for line in loads.read_text().splitlines()
+                  if " org.apache.spark.launcher.Main " in line]
+    assert main_class and "shared objects file" in main_class[0], main_class
+    # An archive the launcher cannot map (another class path): the warning goes to standard
+    # error, the launcher still prints its command (here: spark-class runs the driver).
+    other = tmp_path / "other.jsa"
+    launcher_jar = next((Path(spark_home()) / "jars").glob("spark-launcher_*.jar"))
+    subprocess.run([class_archive._java(), f"-XX:ArchiveClassesAtExit={other}", "-Xlog:disable",
+                    "-cp", str(launcher_jar), "org.apache.spark.launcher.Main"],
+                   capture_output=True, timeout=120)  # its usage error; the archive written
+    assert other.is_file()
+    broken = class_archive._launch(f"-XX:SharedArchiveFile={other}")
+    assert broken.returncode == 0, broken.stderr[-3000:]
+    assert "Unable to use shared archive" in broken.stderr, broken.stderr[-3000:]
+    assert "[warning]" not in broken.stdout and "archive" not in broken.stdout.lower()
