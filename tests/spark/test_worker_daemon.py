@@ -34,6 +34,28 @@ def _inherited(_index: int
             gc.get_freeze_count(), len(gc.get_objects()))
 
 
+def _mapped_for(size: int) -> tuple[str | None, int]:
+    """On a worker: ``MIMALLOC_PURGE_DELAY`` and how many bytes glibc mapped on their own
+    (``mallinfo2().hblkhd``) to hold a new numpy array of ``size`` bytes."""
+    import ctypes
+    import os
+
+    import numpy as np
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = tuple((name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost"))
+
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = MallInfo2
+    before = mallinfo2().hblkhd
+    block = np.empty(size, dtype=np.uint8)
+    mapped = mallinfo2().hblkhd - before
+    del block
+    return os.environ.get("MIMALLOC_PURGE_DELAY"), int(mapped)
+
+
 @pytest.mark.spark
 def test_workers_are_forked_from_a_daemon_that_imported_the_chunk_reader(
         spark, monkeypatch) -> None:
@@ -68,6 +90,12 @@ def test_workers_are_forked_from_a_daemon_that_imported_the_chunk_reader(
         assert os.path.dirname(imported_from) == installed, seen
         assert not [z for z in zips if z.endswith(("pyspark.zip", "-src.zip"))], seen
     assert worker_daemon.PRELOADED_IN is None  # the driver never ran the daemon's preload
+    # Freed memory stays with the workers: a 30 MiB block comes from glibc's heap (below the
+    # daemon's mmap threshold, inherited), not from a mapping of its own that its free
+    # would hand back to the kernel; mimalloc is told never to purge.
+    size = worker_daemon.MMAP_THRESHOLD - (2 << 20)
+    probed = sc.parallelize(range(slots), slots).map(lambda _i: _mapped_for(size)).collect()
+    assert probed == [("-1", 0)] * slots, probed
 
 
 def test_spark_zips_give_way_to_the_installed_packages(tmp_path) -> None:
@@ -95,11 +123,13 @@ def test_a_module_that_cannot_be_imported_is_left_to_the_workers(monkeypatch) ->
     monkeypatch.setattr(worker_daemon, "PRELOAD",
                         ("pgcdc_dagster.cdc.lsn", "pgcdc_dagster_no_such_module"))
     monkeypatch.setattr(worker_daemon, "PRELOADED_IN", None)
+    monkeypatch.setenv(worker_daemon.MIMALLOC_PURGE_ENV, "10")  # a value set wins
     enabled = gc.isenabled()
     try:
         assert worker_daemon.preload() == ["pgcdc_dagster_no_such_module"]  # it serves
         assert worker_daemon.PRELOADED_IN == os.getpid()
         assert gc.get_freeze_count() > 0 and gc.isenabled() == enabled  # collector resumed
+        assert os.environ[worker_daemon.MIMALLOC_PURGE_ENV] == "10"
     finally:
         gc.unfreeze()  # this test process's objects back in the collector's reach
 
