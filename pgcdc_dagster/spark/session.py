@@ -192,6 +192,14 @@ def build_session(master: str = "local[2]", app_name: str = "pgcdc_dagster",
             (``spark/class_archive.py``).
     """
     check_master(master)
+    from pgcdc_dagster.spark import gateway
+
+    if gateway.early_launch_possible():
+        # The JVM first, pyspark imported while it starts (spark/gateway.py): the context of
+        # the same settings, on which the builder makes the session (as it does on a quick
+        # context that a run started first).
+        build_context(master, app_name, conf, driver_memory, quick_start=quick_start,
+                      class_archive=class_archive)
     from pyspark.sql import SparkSession
 
     _environment(master)

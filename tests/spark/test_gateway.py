@@ -49,6 +49,14 @@ if sys.argv[1] == "other-first":  # a context exists already: pyspark's own laun
                       "early_exit": launch.process.wait(timeout=60),
                       "early_dir_left": __import__("os").path.exists(launch.directory)}))
     sys.exit(0)
+if sys.argv[1] == "session":  # a full SQL session: the same early JVM under it
+    spark = session.build_session("local[2]", app_name="gateway-session",
+                                  conf={"spark.pgcdc.check": "yes"})
+    assert spark.range(5).count() == 5
+    print(json.dumps({"spawned": seen, "jvm": spark.sparkContext._gateway.proc.pid,
+                      "conf": dict(spark.sparkContext.getConf().getAll()),
+                      "time_zone": spark.conf.get("spark.sql.session.timeZone")}))
+    sys.exit(0)
 sc = session.build_context("local[2]", app_name="gateway-check", quick_start=True,
                            conf={"spark.pgcdc.check": "yes"})
 assert sc.parallelize(range(4), 2).map(lambda x: x * 3).collect() == [0, 3, 6, 9]
@@ -85,6 +93,18 @@ def test_the_jvm_starts_before_pyspark_is_imported_and_serves_the_context() -> N
     assert spawned[0]["settings"]["spark.pgcdc.check"] == "yes"
     assert report["pin"] == "ClientServer"  # pyspark's default (PYSPARK_PIN_THREAD)
     assert left_behind(mark) == []  # the JVM ends with its driver, as pyspark's does
+
+
+def test_a_sql_session_is_built_on_the_jvm_started_first() -> None:
+    report, mark = _driver("session")
+    spawned = report["spawned"]
+    assert isinstance(spawned, list) and len(spawned) == 1, report
+    assert spawned[0]["pyspark_imported"] is False and report["jvm"] == spawned[0]["pid"]
+    conf = report["conf"]
+    assert isinstance(conf, dict)
+    assert conf["spark.app.name"] == "gateway-session" and conf["spark.pgcdc.check"] == "yes"
+    assert report["time_zone"] == "UTC"  # the project's SQL settings hold in the session
+    assert left_behind(mark) == []
 
 
 def test_a_context_that_exists_is_used_and_the_early_jvm_ended() -> None:
