@@ -26,7 +26,7 @@ pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[2]
 
 _DRIVER = r'''
-import json, sys
+import json, os, sys
 from pgcdc_dagster.spark import gateway, session
 
 seen = []
@@ -47,7 +47,7 @@ if sys.argv[1] == "other-first":  # a context exists already: pyspark's own laun
     sc = launch.context(SparkConf().setMaster("local[1]").setAppName("early"))
     print(json.dumps({"same": sc is first, "app": sc.appName,
                       "early_exit": launch.process.wait(timeout=60),
-                      "early_dir_left": __import__("os").path.exists(launch.directory)}))
+                      "early_dir_left": os.path.exists(launch.directory)}))
     sys.exit(0)
 if sys.argv[1] == "session":  # a full SQL session: the same early JVM under it
     spark = session.build_session("local[2]", app_name="gateway-session",
@@ -60,7 +60,12 @@ if sys.argv[1] == "session":  # a full SQL session: the same early JVM under it
 sc = session.build_context("local[2]", app_name="gateway-check", quick_start=True,
                            conf={"spark.pgcdc.check": "yes"})
 assert sc.parallelize(range(4), 2).map(lambda x: x * 3).collect() == [0, 3, 6, 9]
-print(json.dumps({"spawned": seen, "jvm": sc._gateway.proc.pid,
+jvm = sc._gateway.proc.pid
+status = open(f"/proc/{jvm}/status").read().splitlines()
+ignored = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
+exe = os.path.basename(os.readlink(f"/proc/{jvm}/exe"))
+print(json.dumps({"spawned": seen, "jvm": sc._gateway.proc.pid, "exe": exe,
+                  "sigint_ignored": bool(ignored & (1 << 1)),
                   "conf": dict(sc.getConf().getAll()), "pin": type(sc._gateway).__name__}))
 '''
 
@@ -92,6 +97,9 @@ def test_the_jvm_starts_before_pyspark_is_imported_and_serves_the_context() -> N
     assert conf["spark.pgcdc.check"] == "yes"
     assert spawned[0]["settings"]["spark.pgcdc.check"] == "yes"
     assert report["pin"] == "ClientServer"  # pyspark's default (PYSPARK_PIN_THREAD)
+    # The process started is the JVM itself (the scripts exec it) and ignores Ctrl-C, as
+    # pyspark's launch makes it: the driver handles it and stops Spark.
+    assert report["exe"] == "java" and report["sigint_ignored"] is True
     assert left_behind(mark) == []  # the JVM ends with its driver, as pyspark's does
 
 
