@@ -57,7 +57,7 @@ from assets.event_prepack import prepack
 from assets.event_storage import event_files_held
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.partitions import ensure_partitions
-from assets.run_ranges import CAPTURE_RUN, SlotRuns, slot_runs, with_running
+from assets.run_ranges import CAPTURE_RUN, RecentReads, SlotRuns, slot_runs, with_running
 from assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
@@ -149,6 +149,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         handle = spark.lazy()
         started = time.monotonic()
         reporter = _Reporter(context, settings, lakehouse.internal)
+        recent = RecentReads()  # the early reports' look-back, read once across batches
 
         def early(part: BronzeRun) -> None:
             """A batch of snapshot tables committed: report them while the step goes on."""
@@ -159,7 +160,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
                                     context.run_id, _run_range(part))
             reporter.report(part, changed, [(c, current.get(c.name)) for c in changed],
                             slot_health(postgres.dsn, capture.slot),
-                            time.monotonic() - started, observed=observed)
+                            time.monotonic() - started, observed=observed, recent=recent)
             reporter.early.update(c.name for c in changed)
 
         run = _bronze_in_thread(context, lease, lambda progress, committed, settled: run_bronze(
@@ -281,7 +282,7 @@ class _Reporter:
     def report(self, run: BronzeRun, changed: Sequence[TableContext],
                silver: Sequence[tuple[TableContext, SilverReport | None]],
                health: SlotHealth, seconds: float, *, observed: SlotRuns | None = None,
-               meta_tables: bool = False) -> None:
+               recent: RecentReads | None = None, meta_tables: bool = False) -> None:
         """Bronze materializations of ``changed``, silver of ``silver`` (the tables whose
         report is None are left for the run's catch-up), the light checks of ``changed``
         and, at the run's end (no ``observed``: the runs' ranges the slot's observations
@@ -296,7 +297,7 @@ class _Reporter:
             with shared_reads():
                 for result in light_check_results(
                         instance, changed, health, self.settings, slot=observed is None,
-                        facts=facts.result(), observed=observed):
+                        facts=facts.result(), observed=observed, recent=recent):
                     # log_event records check evaluations too (its annotation lists the
                     # others only)
                     context.log_event(evaluation(result))  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ from deltalake.exceptions import DeltaError
 from assets.capture import CAPTURE_POOL
 from assets.event_storage import event_files_held
 from assets.keys import SLOT_KEY, bronze_key, multi_check, silver_key, table_of_key
-from assets.run_ranges import SlotRuns, table_runs
+from assets.run_ranges import RecentReads, SlotRuns, table_runs
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_capture
 from pgcdc_dagster.capture.tables import TableContext
@@ -291,12 +291,14 @@ def light_check_facts(contexts: Sequence[TableContext], settings: MonitorSetting
 def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableContext],
                         health: SlotHealth, settings: MonitorSettings, *, slot: bool = True,
                         facts: Sequence[TableFacts | Exception] | None = None,
-                        observed: SlotRuns | None = None) -> Iterator[dg.AssetCheckResult]:
+                        observed: SlotRuns | None = None, recent: RecentReads | None = None
+                        ) -> Iterator[dg.AssetCheckResult]:
     """The light checks of the given tables (a capture run passes the tables it changed)
     and, with ``slot``, of the slot; a check that cannot evaluate reports why, as in the
     check ops. The tables' Delta logs are read once each (``facts``: already read, by
     :func:`light_check_facts`), the runs' ranges in a few instance queries for all of them
-    (``observed``: the slot's runs, see :func:`~assets.run_ranges.table_runs`)."""
+    (``observed``: the slot's runs, ``recent``: what the run read before, see
+    :func:`~assets.run_ranges.table_runs`)."""
     if slot:
         yield slot_result(health, settings)
     if not contexts:
@@ -304,7 +306,7 @@ def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableCo
     if facts is None:
         facts = light_check_facts(contexts, settings)
     runs = table_runs(instance, [bronze_key(*c.relation.qualified) for c in contexts],
-                      settings.history_limit, observed)
+                      settings.history_limit, observed, recent)
     for ctx, found in zip(contexts, facts, strict=True):
         yield from table_check_results(ctx, found, runs[bronze_key(*ctx.relation.qualified)],
                                        health.confirmed_flush_lsn)

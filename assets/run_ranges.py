@@ -16,8 +16,8 @@ no observation; the tables' wipe times.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -93,27 +93,65 @@ def _wiped(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey]) -> dict[dg
     return wiped
 
 
+Summary = tuple[int, float, str]
+"""A materialization as the look-back projects it: (storage id, timestamp, run id)."""
+
+
+@dataclasses.dataclass
+class RecentReads:
+    """The materializations one run's checks have read so far (issue 16). Materializations
+    are only appended, so a later read in the same run asks only for those stored since the
+    newest it saw: a snapshot's early reports (a batch of tables at a time) read each
+    materialization once, not once per batch (which grew with the square of the table count).
+    Reset when the floor or the limit changes. Holds at most ``limit`` entries per asset."""
+
+    floor: int = -1
+    limit: int = 0
+    newest: int = -1
+    """The highest storage id read (-1: none)."""
+    by_key: dict[dg.AssetKey, list[Summary]] = dataclasses.field(default_factory=dict)
+    """Each asset's newest ``limit`` materializations at or after ``floor``, newest first."""
+
+
 def _recent_materializations(instance: dg.DagsterInstance, keys: Iterable[dg.AssetKey],
-                             floor: int, limit: int
-                             ) -> dict[dg.AssetKey, list[tuple[int, float, str]]]:
+                             floor: int, limit: int, recent: RecentReads | None = None
+                             ) -> dict[dg.AssetKey, list[Summary]]:
     """Each key's last ``limit`` materializations at or after ``floor``, newest first, as
     (storage id, timestamp, run id): projections of every asset's materializations, newest
-    first, a page at a time, until ``floor`` or the oldest."""
+    first, a page at a time, down to ``floor`` or, with ``recent``, to the newest read
+    before (``recent`` is updated)."""
     wanted = set(keys)
-    found: dict[dg.AssetKey, list[tuple[int, float, str]]] = defaultdict(list)
+    if recent is None or recent.floor != floor or recent.limit != limit:
+        recent = RecentReads(floor=floor, limit=limit) if recent is None else \
+            _reset(recent, floor, limit)
+    lowest = max(floor - 1, recent.newest)
+    found: dict[dg.AssetKey, list[Summary]] = {}
+    newest = recent.newest
     before: int | None = None
     while True:
         page = instance.get_asset_event_summary_records(
             dg.DagsterEventType.ASSET_MATERIALIZATION,
-            after_storage_id=floor - 1 if floor > 0 else None, before_storage_id=before,
+            after_storage_id=lowest if lowest >= 0 else None, before_storage_id=before,
             limit=SUMMARY_PAGE)
         for row in page:
-            key = row.asset_key
-            if key in wanted and row.run_id is not None and len(found[key]) < limit:
-                found[key].append((row.storage_id, row.timestamp, row.run_id))
+            newest = max(newest, row.storage_id)
+            rows = found.setdefault(row.asset_key, [])
+            if row.run_id is not None and len(rows) < limit:
+                rows.append((row.storage_id, row.timestamp, row.run_id))
         if len(page) < SUMMARY_PAGE:
-            return found
+            break
         before = page[-1].storage_id
+    for key, rows in found.items():
+        if rows:
+            recent.by_key[key] = (rows + recent.by_key.get(key, []))[:limit]
+    recent.newest = newest
+    return {key: recent.by_key[key] for key in wanted if key in recent.by_key}
+
+
+def _reset(recent: RecentReads, floor: int, limit: int) -> RecentReads:
+    recent.floor, recent.limit, recent.newest = floor, limit, -1
+    recent.by_key.clear()
+    return recent
 
 
 def _payloads(instance: dg.DagsterInstance, storage_ids: Sequence[int]) -> dict[int, Any]:
@@ -131,16 +169,18 @@ def _payloads(instance: dg.DagsterInstance, storage_ids: Sequence[int]) -> dict[
 
 
 def table_runs(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey], limit: int,
-               observed: SlotRuns | None = None) -> dict[dg.AssetKey, list[RunRange]]:
+               observed: SlotRuns | None = None, recent: RecentReads | None = None
+               ) -> dict[dg.AssetKey, list[RunRange]]:
     """The capture runs' ranges of each bronze table (``keys``), oldest first: the ranges
     the lean runs recorded on the slot merged with the table's own bronze materializations
     of other runs, one range per run, the last ``limit``. ``observed``: :func:`slot_runs`
-    when already read. A fixed number of instance queries whatever the number of keys."""
+    when already read; ``recent``: what this run read before (:class:`RecentReads`). A fixed
+    number of instance queries whatever the number of keys."""
     on_slot, floor = observed if observed is not None else slot_runs(instance, limit)
-    recent = _recent_materializations(instance, keys, floor, limit) if keys else {}
+    recent_of = _recent_materializations(instance, keys, floor, limit, recent) if keys else {}
     # A lean run's materializations repeat the range of its observation: their payloads are
     # not needed, nor, when a table has no other, its wipe time.
-    others = {key: [r for r in rows if r[2] not in on_slot] for key, rows in recent.items()}
+    others = {key: [r for r in rows if r[2] not in on_slot] for key, rows in recent_of.items()}
     wiped = _wiped(instance, sorted((k for k, rows in others.items() if rows), key=str))
     extra: dict[dg.AssetKey, dict[str, int]] = {}
     for key in keys:

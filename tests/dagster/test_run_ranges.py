@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 
 from assets.keys import SLOT_KEY, bronze_key
-from assets.run_ranges import CAPTURE_RUN, slot_runs, table_runs
+from assets.run_ranges import CAPTURE_RUN, RecentReads, slot_runs, table_runs
 from pgcdc_dagster.cdc.lsn import Lsn
 from tests.support.instance_reads import counting_instance_reads
 
@@ -113,3 +113,47 @@ def test_bulk_ranges_equal_the_per_table_reads() -> None:
         assert len(first) == 1 and {r.label for r in every[KEYS[2]]} - lean == first
         second = {r.label for r in every[KEYS[3]]} - lean
         assert len(second) == 1 and second != first
+
+
+def test_a_runs_later_reads_see_the_same_and_read_only_what_was_stored_since(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot's early reports check a batch of tables at a time: with the run's
+    :class:`RecentReads`, each batch's look-back reads only the materializations stored
+    since the batch before (before: all of them again, a cost that grew with the square of
+    the table count), and every table's chain equals a fresh read's."""
+    rows_read = [0]
+    real = dg.DagsterInstance.get_asset_event_summary_records
+
+    def counted(self: dg.DagsterInstance, *args: Any, **kwargs: Any) -> Any:
+        page = real(self, *args, **kwargs)
+        rows_read[0] += len(page)
+        return page
+
+    monkeypatch.setattr(dg.DagsterInstance, "get_asset_event_summary_records", counted)
+    with dg.instance_for_test() as instance:
+        _lean(instance, 0x100, 0x100, KEYS, snapshot=0x100)
+        _record(instance, [dg.AssetMaterialization(asset_key=k, metadata=_range(0x100, 0x108))
+                           for k in KEYS[:3]])  # an asset-job run: its own range
+        recent = RecentReads()
+        incremental = 0
+        for limit in (4, 200):
+            position, floor_before = 0x108, None
+            for batch in range(4):  # batches of tables materialized, then checked
+                changed = KEYS[batch * 2:batch * 2 + 3]
+                _lean(instance, position, position + 0x10, changed)
+                position += 0x10
+                floor = slot_runs(instance, limit)[1]
+                rows_read[0] = 0
+                memo = table_runs(instance, KEYS, limit, recent=recent)
+                later = rows_read[0]
+                rows_read[0] = 0
+                fresh = table_runs(instance, KEYS, limit)
+                assert {k: _as_tuples(v) for k, v in memo.items()} == \
+                    {k: _as_tuples(v) for k, v in fresh.items()}, (limit, batch)
+                if floor == floor_before:  # same look-back: only the rows stored since
+                    assert later == len(changed) < rows_read[0], (limit, batch, later)
+                    incremental += 1
+                else:  # a new floor or limit: read afresh
+                    assert later == rows_read[0], (limit, batch, later, rows_read[0])
+                floor_before = floor
+        assert incremental >= 4
