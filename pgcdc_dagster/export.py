@@ -92,7 +92,8 @@ def export_table(lakehouse: str, schema: str, table: str, *, limit: int | None =
                  topic_prefix: str | None = None, fmt: str = DEFAULT_FORMAT,
                  transaction_metadata: bool = False, binary_mode: str = "bytes",
                  schema_name_adjustment: str = "none",
-                 source_table: bool = False) -> Iterator[DebeziumRecord]:
+                 source_table: bool = False,
+                 replace_null_with_default: bool = True) -> Iterator[DebeziumRecord]:
     """The bronze events of one table as Debezium records, in sequence order.
 
     Args:
@@ -107,6 +108,8 @@ def export_table(lakehouse: str, schema: str, table: str, *, limit: int | None =
         schema_name_adjustment: ``schema.name.adjustment.mode`` (``none`` or ``avro``).
         source_table: ``_pgcdc.messages`` / ``_pgcdc.transactions`` name a source table of a
             schema ``_pgcdc``, not the capture-wide tables.
+        replace_null_with_default: the JsonConverter's ``replace.null.with.default`` (true,
+            its default: a null column value whose schema has a default is written as it).
     """
     internal = _internal(schema, table, source_table)
     delta = _bronze(lakehouse, schema, table, internal)
@@ -139,7 +142,8 @@ def export_table(lakehouse: str, schema: str, table: str, *, limit: int | None =
                 if entry is not None else
                 table_codec_from_bronze(bronze_schema, prefix, schema, table, fmt=fmt,
                                         schema_name_adjustment=schema_name_adjustment))
-        yield codec.record(row, transaction_metadata=transaction_metadata)
+        yield codec.record(row, transaction_metadata=transaction_metadata,
+                           replace_null_with_default=replace_null_with_default)
 
 
 def _split_table(lakehouse: str, name: str) -> tuple[str, str]:
@@ -174,6 +178,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                         help="binary.handling.mode of logical message contents")
     parser.add_argument("--schema-name-adjustment", default="none", choices=("none", "avro"),
                         help="schema.name.adjustment.mode")
+    parser.add_argument("--replace-null-with-default", default=True,
+                        action=argparse.BooleanOptionalAction,
+                        help="the JsonConverter's replace.null.with.default: a null value of "
+                        "a column with a default is written as the default (default: on)")
     parser.add_argument("--value-only", action="store_true",
                         help="print the value message only (null for tombstones)")
     args = parser.parse_args(argv)
@@ -186,7 +194,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                 args.lakehouse, schema, table, limit=args.limit, topic_prefix=args.topic_prefix,
                 fmt=args.format, transaction_metadata=args.transaction_metadata,
                 binary_mode=args.binary_handling_mode,
-                schema_name_adjustment=args.schema_name_adjustment, source_table=not plain):
+                schema_name_adjustment=args.schema_name_adjustment, source_table=not plain,
+                replace_null_with_default=args.replace_null_with_default):
             stream.write((dumps(record.value) if args.value_only else record.to_json_line())
                          + "\n")
     except ConfigurationError as exc:

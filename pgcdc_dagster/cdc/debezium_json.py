@@ -183,7 +183,11 @@ class FieldCodec:
     def field_schema(self) -> Json:
         return {**self.schema, "field": self.name}
 
-    def value(self, raw: object) -> object:
+    def value(self, raw: object, replace_null_with_default: bool = True) -> object:
+        """The JSON value; a null becomes the schema's ``default`` when
+        ``replace_null_with_default`` (the JsonConverter's ``replace.null.with.default``)."""
+        if raw is None and replace_null_with_default and "default" in self.schema:
+            return self.schema["default"]
         return java_numbers(self.schema, self.encode(raw))
 
     @classmethod
@@ -316,24 +320,28 @@ class TableCodec:
         out["version"] = ENVELOPE_VERSION
         return out
 
-    def _image(self, image: Mapping[str, Any] | None) -> Json | None:
+    def _image(self, image: Mapping[str, Any] | None, replace: bool) -> Json | None:
         if image is None:
             return None
-        return {f.name: f.value(image.get(f.stored)) for f in self.value_fields}
+        return {f.name: f.value(image.get(f.stored), replace) for f in self.value_fields}
 
-    def key_message(self, row: Row) -> Json | None:
+    def key_message(self, row: Row, *, replace_null_with_default: bool = True) -> Json | None:
         """The key message; None for rows without a key (truncate, EVT-16; keyless, EVT-07)."""
         key = row.get("key")
         if key is None or not self.key_fields:
             return None
-        payload = {f.name: f.value(key.get(f.stored)) for f in self.key_fields}
+        payload = {f.name: f.value(key.get(f.stored), replace_null_with_default)
+                   for f in self.key_fields}
         return {"schema": self.key_schema(), "payload": payload}
 
-    def value_message(self, row: Row, *, transaction_metadata: bool = False) -> Json | None:
+    def value_message(self, row: Row, *, transaction_metadata: bool = False,
+                      replace_null_with_default: bool = True) -> Json | None:
         """The value message; None for a tombstone (``op`` null, STR-71/72).
 
         ``transaction_metadata`` is ``provide.transaction.metadata``: off, the ``transaction``
-        field is null, as Debezium writes it by default.
+        field is null, as Debezium writes it by default. ``replace_null_with_default`` is the
+        JsonConverter's ``replace.null.with.default`` (its default, true): a null value of a
+        field whose schema has a ``default`` is written as that default.
         """
         op = row.get("op")
         if op is None:
@@ -341,8 +349,8 @@ class TableCodec:
         ts_ms = row.get("ts_ms")
         tx = row.get("transaction") if transaction_metadata else None
         payload: Json = {
-            "before": self._image(row.get("before")),
-            "after": self._image(row.get("after")),
+            "before": self._image(row.get("before"), replace_null_with_default),
+            "after": self._image(row.get("after"), replace_null_with_default),
             "source": source_payload(row["source"]),
             "transaction": _transaction_payload(tx),
             "op": op,
@@ -352,10 +360,13 @@ class TableCodec:
         }
         return {"schema": self.value_schema(), "payload": payload}
 
-    def record(self, row: Row, *, transaction_metadata: bool = False) -> DebeziumRecord:
+    def record(self, row: Row, *, transaction_metadata: bool = False,
+               replace_null_with_default: bool = True) -> DebeziumRecord:
         """Key and value of one bronze row."""
-        return DebeziumRecord(self.topic, self.key_message(row),
-                              self.value_message(row, transaction_metadata=transaction_metadata))
+        return DebeziumRecord(
+            self.topic, self.key_message(row, replace_null_with_default=replace_null_with_default),
+            self.value_message(row, transaction_metadata=transaction_metadata,
+                               replace_null_with_default=replace_null_with_default))
 
 
 def source_payload(source: Mapping[str, Any]) -> Json:

@@ -9,28 +9,37 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from pgcdc_dagster.cdc.typeconv.javafmt import java_double_string
 
 
 def float32_value(value: float) -> float:
-    """The float whose shortest digits are ``Float.toString`` of the FLOAT32 ``value``."""
+    """The float whose digits (as ``java_double_string`` writes them) are ``Float.toString``
+    of the FLOAT32 ``value``: the shortest that read back as the same float, and two where
+    one would do (``1.4E-45`` for the smallest subnormal, as Java's specification says)."""
     if math.isnan(value) or math.isinf(value) or value == 0:
         return value
     target = _as_float32(value)
     for digits in range(1, 10):
         candidate = float(f"{target:.{digits}g}")
         if _as_float32(candidate) == target:
+            if digits == 1:
+                two = float(f"{target:.2g}")
+                if _as_float32(two) == target:
+                    return two
             return candidate
     return target
 
 
 def _as_float32(value: float) -> float:
-    rounded: float = struct.unpack("<f", struct.pack("<f", value))[0]
-    return rounded
+    """``value`` rounded to the nearest float32 (values past the largest float32 that still
+    round to it, e.g. ``3.4028235e38``, stay finite; beyond, infinity)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
 
 
 def java_numbers(schema: Mapping[str, Any], value: Any) -> Any:

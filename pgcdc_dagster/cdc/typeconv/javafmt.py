@@ -13,8 +13,24 @@ from decimal import Decimal
 
 
 def _digits(value: float) -> tuple[str, int]:
-    """Shortest digits of ``|value|`` and the exponent of the first digit (d.ddd x 10^exp)."""
-    _, digits, exponent = Decimal(repr(abs(value))).normalize().as_tuple()
+    """Java's digits of ``|value|`` and the exponent of the first digit (d.ddd x 10^exp).
+
+    The shortest round-trip digits; when one digit would do, Java prints two, the two-digit
+    decimal closest to the exact value (``Double.toString``'s specification: ``4.9E-324``
+    for the smallest subnormal, whose shortest form is ``5e-324``).
+    """
+    digits, exp = _tuple_digits(Decimal(repr(abs(value))))
+    if len(digits) == 1:
+        exact = Decimal(abs(value))  # the binary value, exactly
+        two, two_exp = _tuple_digits(exact.quantize(
+            Decimal(1).scaleb(exact.adjusted() - 1), rounding="ROUND_HALF_EVEN"))
+        if float(two[0] + "." + two[1:] + f"e{two_exp}") == abs(value):
+            return two.rstrip("0") or "0", two_exp
+    return digits, exp
+
+
+def _tuple_digits(dec: Decimal) -> tuple[str, int]:
+    _, digits, exponent = dec.normalize().as_tuple()
     assert isinstance(exponent, int)
     return "".join(str(d) for d in digits), len(digits) - 1 + exponent
 
