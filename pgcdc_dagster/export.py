@@ -117,7 +117,8 @@ def export_table(lakehouse: str, schema: str, table: str, *, limit: int | None =
     if internal and table == "messages":
         for row in data.to_pylist():
             prefix = topic_prefix or row["source"]["name"]
-            yield message_to_json(row, prefix, fmt=fmt, binary_mode=binary_mode)
+            yield message_to_json(row, prefix, fmt=fmt, binary_mode=binary_mode,
+                                  replace_null_with_default=replace_null_with_default)
         return
     if internal and table == "transactions":
         if topic_prefix is None:

@@ -58,24 +58,32 @@ class DebeziumFormat:
         name: The release line, e.g. ``"3.1"``.
         snapshot_allowed: ``allowed`` of the ``source.snapshot`` Enum schema.
         source_version: ``version`` of the Source struct schema (None: not written).
+        origin: ``source.origin`` / ``source.origin_lsn`` (3.6: the replication origin of the
+            change, null unless the source was itself written by logical replication) and
+            a ``transaction`` field in a message's value.
     """
 
     name: str
     snapshot_allowed: str
     source_version: int | None
+    origin: bool = False
 
 
+_SNAPSHOT_MARKERS_3 = ("true,first,first_in_data_collection,last_in_data_collection,last,false,"
+                      "incremental")
 FORMATS: dict[str, DebeziumFormat] = {
     "2.7": DebeziumFormat("2.7", "true,last,false,incremental", None),
-    "3.1": DebeziumFormat(
-        "3.1", "true,first,first_in_data_collection,last_in_data_collection,last,false,"
-        "incremental", 1),
+    "3.1": DebeziumFormat("3.1", _SNAPSHOT_MARKERS_3, 1),
+    "3.6": DebeziumFormat("3.6", _SNAPSHOT_MARKERS_3, 1, origin=True),
 }
-"""Release lines whose JsonConverter output this module reproduces. 3.x is the default: its
-``snapshot`` Enum admits every marker the snapshot writes (``first``, ``last_in_data_collection``
-...); 2.7 admits only ``true,last,false,incremental``."""
+"""Release lines whose JsonConverter output this module reproduces. 3.6 is the default (held
+against the real Debezium 3.6.3 by ``tests/integration/test_debezium_differential.py``): its
+Source struct ends with ``origin`` and ``origin_lsn``, and its message values have a
+``transaction`` field. 3.1 has neither; its ``snapshot`` Enum admits every marker the
+snapshot writes (``first``, ``last_in_data_collection`` ...), as 3.6's does; 2.7 admits only
+``true,last,false,incremental``."""
 
-DEFAULT_FORMAT = "3.1"
+DEFAULT_FORMAT = "3.6"
 ENVELOPE_VERSION = 2
 
 
@@ -120,6 +128,8 @@ def source_schema(fmt: DebeziumFormat, field: str | None = "source") -> Json:
         prim("string", False, "schema"), prim("string", False, "table"),
         prim("int64", True, "txId"), prim("int64", True, "lsn"), prim("int64", True, "xmin"),
     ]
+    if fmt.origin:
+        fields += [prim("string", True, "origin"), prim("int64", True, "origin_lsn")]
     return struct_schema(fields, optional=False, name=SOURCE_SCHEMA_NAME,
                          version=fmt.source_version, field=field)
 
@@ -351,7 +361,8 @@ class TableCodec:
         payload: Json = {
             "before": self._image(row.get("before"), replace_null_with_default),
             "after": self._image(row.get("after"), replace_null_with_default),
-            "source": source_payload(row["source"]),
+            "source": source_payload(row["source"], self.fmt,
+                                     replace_null_with_default=replace_null_with_default),
             "transaction": _transaction_payload(tx),
             "op": op,
             "ts_ms": ts_ms,
@@ -369,18 +380,33 @@ class TableCodec:
                                replace_null_with_default=replace_null_with_default))
 
 
-def source_payload(source: Mapping[str, Any]) -> Json:
-    """The ``source`` payload from bronze's source struct; ``ts_ns`` from ``ts_us``."""
+def source_payload(source: Mapping[str, Any], fmt: DebeziumFormat, *,
+                   replace_null_with_default: bool = True) -> Json:
+    """The ``source`` payload from bronze's source struct; ``ts_ns`` from ``ts_us``; in 3.6,
+    ``origin`` and ``origin_lsn`` null (pgoutput names no origin for the capture's own
+    changes, and bronze keeps none).
+
+    A streamed event's ``snapshot`` is unset in Debezium's source struct: the JsonConverter
+    writes the field's default, ``"false"`` (what bronze stores), with
+    ``replace.null.with.default`` and null without it.
+    """
     ts_us = source.get("ts_us")
-    return {
+    snapshot = source.get("snapshot")
+    if snapshot == "false" and not replace_null_with_default:
+        snapshot = None
+    out: Json = {
         "version": source.get("version"), "connector": source.get("connector"),
         "name": source.get("name"), "ts_ms": source.get("ts_ms"),
-        "snapshot": source.get("snapshot"), "db": source.get("db"),
+        "snapshot": snapshot, "db": source.get("db"),
         "sequence": source.get("sequence"), "ts_us": ts_us,
         "ts_ns": None if ts_us is None else int(ts_us) * 1000,
         "schema": source.get("schema"), "table": source.get("table"),
         "txId": source.get("txId"), "lsn": source.get("lsn"), "xmin": source.get("xmin"),
     }
+    if fmt.origin:
+        out["origin"] = None
+        out["origin_lsn"] = None
+    return out
 
 
 def _transaction_payload(tx: Mapping[str, Any] | None) -> Json | None:
@@ -440,8 +466,9 @@ def table_codec_of_shape(columns: Sequence[Mapping[str, Any]], topic_prefix: str
 
 def _codec(prefix: str, schema: str, table: str, keys: tuple[FieldCodec, ...],
            values: tuple[FieldCodec, ...], fmt: str, adjustment: str) -> TableCodec:
-    stem = adjust_schema_name(f"{prefix}.{schema}.{table}", adjustment)
-    return TableCodec(topic_name(prefix, schema, table), stem, keys, values,
+    topic = topic_name(prefix, schema, table)
+    stem = adjust_schema_name(topic, adjustment)
+    return TableCodec(topic, stem, keys, values,
                       debezium_format(fmt))
 
 

@@ -17,6 +17,7 @@ import base64
 
 from pgcdc_dagster.cdc.debezium_json import (
     DEFAULT_FORMAT,
+    TRANSACTION_BLOCK,
     DebeziumRecord,
     Json,
     Row,
@@ -57,11 +58,13 @@ def _content(data: bytes | None, binary_mode: str) -> str | None:
 
 
 def message_to_json(row: Row, topic_prefix: str, *, fmt: str = DEFAULT_FORMAT,
-                    binary_mode: str = "bytes") -> DebeziumRecord:
+                    binary_mode: str = "bytes",
+                    replace_null_with_default: bool = True) -> DebeziumRecord:
     """A logical decoding message row (``bronze/_pgcdc/messages``) as Debezium writes it.
 
     Topic ``<prefix>.message``; key ``MessageKey`` {prefix} (STR-60); value ``MessageValue``
-    {op ``m``, ts_ms, source (empty schema and table, STR-61), message {prefix, content}}
+    {op ``m``, ts_ms, source (empty schema and table, STR-61), (3.6: transaction, null),
+    message {prefix, content}}
     with the content per ``binary.handling.mode`` (EVT-15, EVT-25).
     """
     version = debezium_format(fmt)
@@ -71,14 +74,21 @@ def message_to_json(row: Row, topic_prefix: str, *, fmt: str = DEFAULT_FORMAT,
                              name=MESSAGE_KEY_NAME, version=1),
            "payload": {"prefix": prefix}}
     block = struct_schema([prim("string", True, "prefix"), _content_schema(binary_mode)],
-                    optional=True, name=MESSAGE_BLOCK_NAME, version=1, field="message")
-    schema = struct_schema([prim("string", False, "op"), prim("int64", True, "ts_ms"),
-                      source_schema(version), block],
-                     optional=False, name=MESSAGE_VALUE_NAME, version=1)
-    payload = {"op": row.get("op") or "m", "ts_ms": row.get("ts_ms"),
-               "source": source_payload(row["source"]),
-               "message": {"prefix": prefix,
-                           "content": _content(message.get("content"), binary_mode)}}
+                          optional=not version.origin, name=MESSAGE_BLOCK_NAME, version=1,
+                          field="message")
+    fields = [prim("string", False, "op"), prim("int64", True, "ts_ms"),
+              source_schema(version)]
+    payload: Json = {"op": row.get("op") or "m", "ts_ms": row.get("ts_ms"),
+                     "source": source_payload(
+                         row["source"], version,
+                         replace_null_with_default=replace_null_with_default)}
+    if version.origin:  # 3.6: the transaction block (null), and a required message
+        fields.append(TRANSACTION_BLOCK)
+        payload["transaction"] = None
+    fields.append(block)
+    payload["message"] = {"prefix": prefix,
+                          "content": _content(message.get("content"), binary_mode)}
+    schema = struct_schema(fields, optional=False, name=MESSAGE_VALUE_NAME, version=1)
     return DebeziumRecord(sanitize_topic(f"{topic_prefix}.message"), key,
                           {"schema": schema, "payload": payload})
 

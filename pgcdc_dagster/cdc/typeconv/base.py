@@ -60,6 +60,8 @@ class BaseConverter:
     """
 
     dropped: bool = False
+    default_value: object = None
+    """The column default's bronze value (set by ``defaults.with_default``), or None."""
 
     def __init__(self, column: str, pgtype: PgType, typmod: int, modes: TypeModes,
                  nullable: bool, schema: ConnectSchema, silver_type: pa.DataType) -> None:
@@ -95,8 +97,12 @@ class BaseConverter:
         return out
 
     def bronze_fallback(self) -> pa.Scalar:
-        """The value Debezium writes for a null in a NOT NULL column (its type's zero)."""
-        return pa.scalar(self._fallback_value(), type=self.bronze_field.type)
+        """The value Debezium writes for a null in a NOT NULL column: the column's default
+        when it has one (``42`` for ``DEFAULT 42``; ``now()`` gives the epoch), else the
+        type's zero."""
+        value = self.default_value if self.default_value is not None \
+            else self._fallback_value()
+        return pa.scalar(value, type=self.bronze_field.type)
 
     def _fallback_value(self) -> object:
         return zero_value(self.schema)

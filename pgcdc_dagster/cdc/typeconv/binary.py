@@ -6,9 +6,9 @@
   Silver: ``binary``.
 - BIT(1) and BIT VARYING(1) -> BOOLEAN. BIT(n>1) / BIT VARYING[(n)] -> BYTES
   ``io.debezium.data.Bits`` with parameter ``length`` = n (2147483647 when unbounded); bits in
-  little-endian order (the last character of the text is bit 0). BIT(n) values are padded to
-  ``n/8 + (n%8 ? 1 : 0)`` bytes (seed 002); BIT VARYING values are sized by content
-  (up to the highest set bit). Silver: the ``0``/``1`` text (boolean for one bit), decoded
+  little-endian order (the last character of the text is bit 0), sized by content (up to
+  the highest set bit; Java's ``BitSet.toByteArray``), BIT(n) too, as Debezium 3.6 writes
+  them (seed 002's padding to n/8 rounded up bytes is older). Silver: the ``0``/``1`` text (boolean for one bit), decoded
   from bronze: BIT(n) exactly; BIT VARYING without its leading zeros (Debezium does not keep
   the value's length).
 - Unknown types with ``include.unknown.datatypes=true`` (TYPE-12): the UTF-8 octets of the text
@@ -132,7 +132,7 @@ class BitsConverter(BaseConverter):
         varying = pgtype.name == "varbit"
         self.length = typmod if typmod > 0 else (UNBOUNDED_BITS if varying else 1)
         self.single = self.length == 1
-        self.size = None if varying else self.length // 8 + (1 if self.length % 8 else 0)
+        self.varying = varying
         if self.single:
             schema, silver = primitive("boolean"), pa.bool_()
         else:
@@ -143,7 +143,8 @@ class BitsConverter(BaseConverter):
     def _bronze(self, text: pa.StringArray) -> pa.Array:
         if self.single:
             return pc.equal(text, "1")
-        return map_values(text, lambda v: bits_to_bytes(v, self.size), pa.binary())
+        # Sized by content, BIT(n) too (Java's BitSet.toByteArray, as Debezium 3.6 writes).
+        return map_values(text, lambda v: bits_to_bytes(v, None), pa.binary())
 
     def _from_bronze(self, values: pa.Array) -> pa.Array:
         if self.single:
@@ -153,7 +154,7 @@ class BitsConverter(BaseConverter):
 
     def _bit_string(self, data: bytes) -> str:
         value = int.from_bytes(data, "little")
-        if self.size is not None:
+        if not self.varying:
             return format(value, f"0{self.length}b")
         return format(value, "b") if value else ""
 

@@ -13,9 +13,14 @@ Kafka Connect schema (``"default"`` in the JsonConverter schema):
   Debezium's own tests expect), false, ``""``, ``{}`` for JSON, the epoch for temporal types,
   the zero UUID; a bare keyword such as ``CURRENT_TIMESTAMP`` is not a call and gives no
   default (TYPE-22);
+- an enum's default is its label (``'ok'::mood`` -> ``ok``);
 - ``NULL::type``, a value the column's converter cannot read, a type Debezium has no default
-  parser for (enums, domains, arrays, bytea, geometric and extension types) and a value that
+  parser for (domains, arrays, bytea, geometric and extension types) and a value that
   is a struct (VariableScaleDecimal, Kafka's KAFKA-12694) give no default.
+
+A NOT NULL column's null (a non-key column of a delete's old-key tuple under REPLICA
+IDENTITY DEFAULT) is written as the column's default, as Debezium 3.6 writes it; the type's
+zero only for a column without one.
 
 The default is converted by the column's own converter, so it has exactly the encoding of the
 column's values (Decimal bytes as base64 in JSON, MicroTimestamp micros, ...). Delta has no
@@ -55,14 +60,18 @@ _ZEROS: dict[str, str] = {
 }
 
 
-def default_text(type_name: str, expression: str | None) -> str | None:
+ENUM_NAME = "io.debezium.data.Enum"
+
+
+def default_text(type_name: str, expression: str | None, *, enum: bool = False) -> str | None:
     """The text value of a column default as Debezium parses it; None: no default.
 
     Args:
         type_name: The column's PostgreSQL type name (``typname``: ``int4``, ``varchar``...).
         expression: ``pg_get_expr`` of the column default, None when the column has none.
+        enum: The column is of an enum type (its default is the label, ``'ok'::mood``).
     """
-    zero = _ZEROS.get(type_name)
+    zero = "" if enum else _ZEROS.get(type_name)
     if expression is None or zero is None or expression.startswith("NULL::"):
         return None
     if _FUNCTION_CALL.match(expression):
@@ -83,7 +92,9 @@ def with_default(conv: ColumnConverter, type_name: str,
                  expression: str | None) -> ColumnConverter:
     """``conv`` with the column default in its Connect schema, or ``conv`` itself when
     Debezium would propagate none (see the module docstring)."""
-    text = default_text(type_name, expression)
+    schema = getattr(conv, "schema", None)
+    text = default_text(type_name, expression,
+                        enum=schema is not None and schema.name == ENUM_NAME)
     if text is None or conv.dropped:
         return conv
     try:
@@ -92,12 +103,10 @@ def with_default(conv: ColumnConverter, type_name: str,
         log.warning("column %s: default %r is not a %s value (%s); it is left out of the "
                     "schema", conv.bronze_field.name, expression, type_name, exc)
         return conv
-    if value is None or isinstance(value, dict):
-        return conv
-    schema = getattr(conv, "schema", None)
-    if schema is None:
+    if value is None or isinstance(value, dict) or schema is None:
         return conv
     out = copy.copy(conv)
+    out.default_value = value  # a null in a NOT NULL column (a delete's old key) becomes it
     new_schema = dataclasses.replace(schema, default=conv.to_json(value))
     out.schema = new_schema  # type: ignore[attr-defined]
     meta = dict(conv.bronze_field.metadata or {})

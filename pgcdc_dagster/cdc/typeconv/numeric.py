@@ -131,11 +131,10 @@ class NumericConverter(BaseConverter):
         return text_to_decimal_bytes(text, precision, scale)
 
     def _as_java_string(self, text: pa.StringArray) -> pa.Array:
-        # Plain text already equals BigDecimal.toString() unless the adjusted exponent < -6
-        # (six or more zeros right after "0.") or the value is special.
-        odd = pc.or_(pc.match_substring_regex(text, r"^-?0\.0{6}"), self._specials(text))
-        return patch(text, text, odd, lambda v: SPECIAL_STRINGS.get(v) or
-                     java_bigdecimal_string(Decimal(v)))
+        # PostgreSQL's plain text, as Debezium 3.6 writes it (BigDecimal.toPlainString: no
+        # exponent even below 1E-6); only the specials are renamed.
+        odd = self._specials(text)
+        return patch(text, text, odd, lambda v: SPECIAL_STRINGS[v])
 
     def _from_bronze(self, values: pa.Array) -> pa.Array:
         target = self.silver_field.type
