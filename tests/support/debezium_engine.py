@@ -208,10 +208,10 @@ def _child(spec_path: str) -> int:  # pragma: no cover - runs in the child proce
 
     class Handler(BasePythonChangeHandler):
         def __init__(self, out: str, done: threading.Event) -> None:
-            self.out = open(out, "a")  # noqa: SIM115 - closed by the child's exit
+            self.out = open(out, "a")
             self.done = done
 
-        def handleJsonBatch(self, records: list[Any]) -> None:  # noqa: N802 - Java's name
+        def handleJsonBatch(self, records: list[Any]) -> None:
             lines = []
             for rec in records:
                 key, value = rec.key(), rec.value()

@@ -291,7 +291,9 @@ def message_row(transactional: bool) -> dict:
 
 @pytest.mark.parametrize("transactional", [True, False])
 def test_message_event_matches_seed_example(transactional):
-    record = message_to_json(message_row(transactional), PREFIX)
+    """The 3.1 layout (the seeds'); 3.6's is held against the real Debezium by
+    ``tests/integration/test_debezium_differential.py`` and below."""
+    record = message_to_json(message_row(transactional), PREFIX, fmt="3.1")
     assert record.topic == "PostgreSQL_server.message"
     assert record.key == {
         "schema": {"type": "struct", "fields": [field("string", "prefix", True)],
@@ -315,11 +317,28 @@ def test_message_event_matches_seed_example(transactional):
     assert payload["source"]["snapshot"] == "false"
 
 
+def test_message_value_layout_of_3_6():
+    """Debezium 3.6: a ``transaction`` field (null) before a required ``message``, and the
+    source's ``origin`` / ``origin_lsn``; without replace.null.with.default a streamed
+    event's ``source.snapshot`` is null."""
+    value = message_to_json(message_row(True), PREFIX).value
+    assert [f["field"] for f in value["schema"]["fields"]] == [
+        "op", "ts_ms", "source", "transaction", "message"]
+    assert value["schema"]["fields"][4]["optional"] is False
+    assert value["payload"]["transaction"] is None
+    assert [f["field"] for f in value["schema"]["fields"][2]["fields"]][-2:] == [
+        "origin", "origin_lsn"]
+    assert value["payload"]["source"]["origin"] is None
+    assert value["payload"]["source"]["origin_lsn"] is None
+    bare = message_to_json(message_row(True), PREFIX, replace_null_with_default=False).value
+    assert bare["payload"]["source"]["snapshot"] is None
+
+
 def test_message_content_follows_binary_handling_mode():
     r = message_row(True)
     hexed = message_to_json(r, "p", binary_mode="hex").value
     assert hexed["payload"]["message"]["content"] == base64.b64decode("Ymfy").hex()
-    assert hexed["schema"]["fields"][3]["fields"][1] == field("string", "content", True)
+    assert hexed["schema"]["fields"][-1]["fields"][1] == field("string", "content", True)
     with pytest.raises(ConfigurationError, match=r"binary\.handling\.mode"):
         message_to_json(r, "p", binary_mode="raw")
 

@@ -8,9 +8,9 @@
   ``io.debezium.data.Bits`` with parameter ``length`` = n (2147483647 when unbounded); bits in
   little-endian order (the last character of the text is bit 0), sized by content (up to
   the highest set bit; Java's ``BitSet.toByteArray``), BIT(n) too, as Debezium 3.6 writes
-  them (seed 002's padding to n/8 rounded up bytes is older). Silver: the ``0``/``1`` text (boolean for one bit), decoded
-  from bronze: BIT(n) exactly; BIT VARYING without its leading zeros (Debezium does not keep
-  the value's length).
+  them (seed 002's padding to n/8 rounded up bytes is older). Silver: the ``0``/``1`` text
+  (boolean for one bit), decoded from bronze: BIT(n) exactly (padded to n); BIT VARYING
+  without its leading zeros (Debezium does not keep the value's length).
 - Unknown types with ``include.unknown.datatypes=true`` (TYPE-12): the UTF-8 octets of the text
   form, encoded per ``binary.handling.mode``. Silver: the text.
 """

@@ -106,7 +106,7 @@ def with_default(conv: ColumnConverter, type_name: str,
     if value is None or isinstance(value, dict) or schema is None:
         return conv
     out = copy.copy(conv)
-    out.default_value = value  # a null in a NOT NULL column (a delete's old key) becomes it
+    out.default_value = value  # type: ignore[attr-defined]  # a NOT NULL null becomes it
     new_schema = dataclasses.replace(schema, default=conv.to_json(value))
     out.schema = new_schema  # type: ignore[attr-defined]
     meta = dict(conv.bronze_field.metadata or {})

@@ -37,7 +37,6 @@ from pgcdc_dagster.cdc.typeconv.decimal_codec import (
     bytes_to_decimal,
     bytes_to_unscaled,
     decimal_array_to_bytes,
-    java_bigdecimal_string,
     parse_unscaled,
     plain_decimal,
     text_to_decimal_bytes,
