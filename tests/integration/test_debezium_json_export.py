@@ -53,11 +53,12 @@ ROW_FIELDS = [SERIAL_ID, f("string", "first_name", NOT_NULL),
 SOURCE_FIELDS = [
     f("string", "version"), f("string", "connector"), f("string", "name"), f("int64", "ts_ms"),
     {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
-     "parameters": {"allowed": FORMATS["3.1"].snapshot_allowed}, "default": "false",
+     "parameters": {"allowed": FORMATS["3.6"].snapshot_allowed}, "default": "false",
      "field": "snapshot"},
     f("string", "db"), f("string", "sequence", True), f("int64", "ts_us", True),
     f("int64", "ts_ns", True), f("string", "schema"), f("string", "table"),
     f("int64", "txId", True), f("int64", "lsn", True), f("int64", "xmin", True),
+    f("string", "origin", True), f("int64", "origin_lsn", True),  # Debezium 3.6
 ]
 
 
@@ -269,8 +270,8 @@ def test_messages_and_transactions(captured):
             "payload": {"prefix": "foo"}}
         value = record.value
         assert value["schema"]["name"] == "io.debezium.connector.postgresql.MessageValue"
-        assert [x["field"] for x in value["schema"]["fields"]] == ["op", "ts_ms", "source",
-                                                                   "message"]
+        assert [x["field"] for x in value["schema"]["fields"]] == [
+            "op", "ts_ms", "source", "transaction", "message"]  # Debezium 3.6
         src = value["payload"]["source"]
         assert (src["schema"], src["table"], src["snapshot"]) == ("", "", "false")
         assert value["payload"]["op"] == "m"

@@ -64,11 +64,10 @@ def _per_element(c: str, expr: str) -> str:
 
 
 def _bits(text: str, width: int | None) -> bytes:
-    """Seeds §5.1: Bits are little-endian bytes, BIT(n) sized n/8 rounded up, BIT VARYING
-    sized by content."""
+    """Bits are little-endian bytes sized by content, BIT(n) too (as Debezium 3.6 writes
+    them; ``width`` is the declared n, which no longer pads)."""
     value = int(text, 2) if text else 0
-    size = (width + 7) // 8 if width is not None else (value.bit_length() + 7) // 8
-    return value.to_bytes(size, "little")
+    return value.to_bytes((value.bit_length() + 7) // 8, "little")
 
 
 def _point(text: str) -> dict[str, Any]:
@@ -78,7 +77,7 @@ def _point(text: str) -> dict[str, Any]:
 
 
 def _utc_time(c: str) -> str:
-    return _per_element(c, "CASE WHEN x::text = '24:00:00+00' THEN '24:00:00Z' "
+    return _per_element(c, "CASE WHEN x::text = '24:00:00+00' THEN '00:00:00Z' "
                            "ELSE replace((x AT TIME ZONE 'UTC')::text, '+00', 'Z') END")
 
 

@@ -164,7 +164,7 @@ def _money(v: Decimal | None, m: TypeModes) -> Decimal | None:
 
 
 def _tz_utc(c: str) -> str:
-    return (f"CASE WHEN {c}::text = '24:00:00+00' THEN '24:00:00Z' "
+    return (f"CASE WHEN {c}::text = '24:00:00+00' THEN '00:00:00Z' "
             f"ELSE replace(({c} AT TIME ZONE 'UTC')::text, '+00', 'Z') END")
 
 

@@ -119,9 +119,9 @@ def test_numeric_special_values_per_mode(conn):
         assert strings[0] == "NAN"
         if ddl == "numeric":
             assert strings[1:3] == ["POSITIVE_INFINITY", "NEGATIVE_INFINITY"]
-            assert strings[4] == "1.0E-7"
+            assert strings[4] == "0.00000010"  # plain, as Debezium 3.6
         else:
-            assert strings[1:3] == ["1.50000000", "1.0E-7"]
+            assert strings[1:3] == ["1.50000000", "0.00000010"]
         doubles = d.bronze()
         assert math.isnan(doubles[0]) and doubles[-1] is None
         assert [float(v) if v is not None else None for v in d.py][1:] == doubles[1:]
@@ -248,7 +248,7 @@ def test_timetz(conn):
     case = make_case(conn, "timetz", lits)
     utc = case.sql("(c AT TIME ZONE 'UTC')::text")
     assert case.bronze()[:4] == [u.replace("+00", "Z") for u in utc[:4]]
-    assert case.bronze()[4:] == ["24:00:00Z", None]
+    assert case.bronze()[4:] == ["00:00:00Z", None]  # as Debezium 3.6 writes it
     assert case.silver() == case.bronze()  # silver: the same UTC form
 
 
@@ -310,11 +310,11 @@ def test_bytea_modes_and_escape_output(conn):
 
 
 def test_bits(conn):
-    """Bits: little-endian; BIT(n) padded to n bits, BIT VARYING by content; BIT(1) boolean."""
+    """Bits: little-endian, sized by content (BIT(n) too, as Debezium 3.6); BIT(1) boolean."""
     b1 = make_case(conn, "bit(1)", ["B'1'", "B'0'", "NULL"])
     assert b1.bronze() == [True, False, None]
     b10 = make_case(conn, "bit(10)", ["B'0000000101'", "B'1000000000'", "B'0000000000'"])
-    assert b10.bronze() == [b"\x05\x00", b"\x00\x02", b"\x00\x00"]
+    assert b10.bronze() == [b"\x05", b"\x00\x02", b""]
     assert b10.silver() == b10.texts
     vb = make_case(conn, "varbit", ["B'101'", "B''", "B'1" + "0" * 16 + "'"])
     assert vb.bronze() == [b"\x05", b"", b"\x00\x00\x01"]
