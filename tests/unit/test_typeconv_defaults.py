@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 
 from pgcdc_dagster.cdc.typeconv import PgType, TypeModes, converter_for
@@ -27,7 +28,7 @@ def pg(name: str, typtype: str = "b") -> PgType:
     ("json", "'{}'::json", "{}"),
     ("int4", "NULL::integer", None),
     ("int4", None, None),
-    ("test_enum", "'V1'::test_enum", None),                   # no parser for the type
+    ("test_enum", "'V1'::test_enum", None),                   # not flagged as an enum
     ("bytea", "'\\x00'::bytea", None),
 ])
 def test_default_text(type_name, expression, text):
@@ -46,3 +47,20 @@ def test_with_default_in_schema_and_field_metadata():
     assert with_default(ts, "timestamp", "CURRENT_TIMESTAMP") is ts
     vsd = converter_for("v", pg("numeric"), -1, TypeModes())
     assert with_default(vsd, "numeric", "2.5") is vsd
+
+
+def test_enum_default_is_its_label():
+    assert default_text("mood", "'ok'::mood", enum=True) == "ok"
+
+
+def test_not_null_null_becomes_the_default():
+    """A NOT NULL column's null (a delete's old-key image) is written as the column's
+    default, as the real Debezium 3.6 writes it; the type's zero without a default."""
+    conv = converter_for("n", pg("int4"), -1, TypeModes(), nullable=False)
+    assert conv.to_bronze(pa.array([None], pa.string())).to_pylist() == [0]
+    out = with_default(conv, "int4", "42")
+    assert out.to_bronze(pa.array([None, "7"], pa.string())).to_pylist() == [42, 7]
+    tz = converter_for("t", pg("timestamptz"), -1, TypeModes(), nullable=False)
+    now = with_default(tz, "timestamptz", "now()")
+    assert now.to_bronze(pa.array([None], pa.string())).to_pylist() == [
+        "1970-01-01T00:00:00.000000Z"]
