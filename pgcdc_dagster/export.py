@@ -102,7 +102,7 @@ def export_table(lakehouse: str, schema: str, table: str, *, limit: int | None =
         table: Source table, or ``messages`` / ``transactions``.
         limit: Export the first ``limit`` events only.
         topic_prefix: ``topic.prefix``; default: each row's ``source.name``.
-        fmt: Debezium release line to imitate (``2.7`` or ``3.1``).
+        fmt: Debezium release line to imitate (``3.6``, the default; ``3.1``; ``2.7``).
         transaction_metadata: ``provide.transaction.metadata`` (fills ``transaction``).
         binary_mode: ``binary.handling.mode`` of message contents.
         schema_name_adjustment: ``schema.name.adjustment.mode`` (``none`` or ``avro``).
