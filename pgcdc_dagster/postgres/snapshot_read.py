@@ -606,8 +606,10 @@ def _translate(exc: psycopg2.Error, label: str) -> Exception:
     if isinstance(exc, psycopg2.errors.InvalidParameterValue) and "snapshot" in message:
         return SnapshotExpiredError(
             f"{label}: {message}. The exported snapshot is gone (its replication connection "
-            "closed before every chunk was read). Run the snapshot again; it resumes with the "
-            "chunks not yet read.")
+            "closed before every chunk was read: a server restart, pg_terminate_backend, or "
+            "an idle_in_transaction_session_timeout given in the DSN's options, which "
+            "override the project's own session settings). Run the snapshot again; it resumes "
+            "with the chunks not yet read.")
     if "cannot allocate memory" in message or "no message from the libpq" in message:
         return PgCdcError(
             f"{label}: {message}. The chunk reader most likely ran out of memory receiving a "
