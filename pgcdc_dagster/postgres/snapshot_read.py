@@ -45,6 +45,7 @@ from psycopg2 import sql
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, PgCdcError
 from pgcdc_dagster.postgres.connection import connect, connection
+from pgcdc_dagster.postgres.slot_wait import reporting_waits
 from pgcdc_dagster.postgres.sql_filter import RejectedSql, check_select, single_statement
 from pgcdc_dagster.postgres.statements import execute
 
@@ -747,7 +748,7 @@ def temporary_exported_snapshot(dsn: str, slot: str) -> Iterator[ExportedPoint]:
     """
     conn = connect(dsn, replication=True, application_name="pgcdc_dagster snapshot point")
     try:
-        with conn.cursor() as cur:
+        with conn.cursor() as cur, reporting_waits(dsn, conn.info.backend_pid, slot):
             cur.execute(sql.SQL("CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput "
                                 "EXPORT_SNAPSHOT").format(sql.Identifier(slot)).as_string(conn))
             name, point, snapshot, _plugin = cur.fetchone()
