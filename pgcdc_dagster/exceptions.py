@@ -48,3 +48,8 @@ class SourceConnectionLostError(SourceUnavailableError):
 class PublicationMissingError(ConfigurationError):
     """The slot holds changes decoded against a publication that was dropped: PostgreSQL
     cannot decode them with a publication created afterwards; the message names the way out."""
+
+
+class LakehouseFullError(PgCdcError):
+    """The lakehouse's filesystem is full (``No space left on device``); nothing of the
+    write was committed, and the run resumes once there is space."""

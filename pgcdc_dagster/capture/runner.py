@@ -31,6 +31,7 @@ from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
 from pgcdc_dagster.lake.delta import ensure_local_dir
+from pgcdc_dagster.lake.disk_full import explains_full_disk
 from pgcdc_dagster.lake.memory import release_unused
 from pgcdc_dagster.lake.paths import is_local, slot_root
 from pgcdc_dagster.postgres.connection import connection
@@ -106,6 +107,7 @@ def select_contexts(settings: CaptureSettings,
 
 
 @explains_privileges
+@explains_full_disk
 def run_bronze(settings: CaptureSettings, spark: SparkLike, *, force_snapshot_step: bool,
                only: Collection[tuple[str, str]] | None = None,
                progress: Callable[[str], None] = log.info,

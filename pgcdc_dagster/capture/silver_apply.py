@@ -17,6 +17,7 @@ from pgcdc_dagster.cdc.silver_batch import INPUT_COLUMNS, SOURCE_FIELDS, prepare
 from pgcdc_dagster.lake.bronze_read import count_rows, read_files
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
 from pgcdc_dagster.lake.delta import committed_version, ensure_table, new_files
+from pgcdc_dagster.lake.disk_full import explaining_full_disk
 from pgcdc_dagster.lake.silver import merge_batch, silver_from_images
 from pgcdc_dagster.lake.silver_lookup import resolve_lookups
 from pgcdc_dagster.lake.storage import storage_options
@@ -50,8 +51,15 @@ def apply_silver(ctx: TableContext, spark: SparkLike,
 
     ``spark`` (a session, or a :class:`LazySpark` handle that starts only now) prepares the
     batch only when it has more than ``spark_threshold_rows`` rows; silver's new files aim
-    at ``target_file_bytes``.
+    at ``target_file_bytes``. A full lakehouse filesystem raises
+    :class:`~pgcdc_dagster.exceptions.LakehouseFullError` naming the silver table.
     """
+    with explaining_full_disk(ctx.silver_uri):
+        return _apply_silver(ctx, spark, spark_threshold_rows, target_file_bytes)
+
+
+def _apply_silver(ctx: TableContext, spark: SparkLike, spark_threshold_rows: int,
+                  target_file_bytes: int) -> SilverReport:
     started = time.monotonic()
     # A table that joined the capture after the initial snapshot has an empty bronze until
     # its first change (or an incremental snapshot) arrives.
