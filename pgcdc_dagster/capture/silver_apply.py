@@ -20,7 +20,7 @@ import pyarrow as pa
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.silver_batch import INPUT_COLUMNS, SOURCE_FIELDS, prepare_arrow
-from pgcdc_dagster.lake.bronze_read import count_rows, read_files
+from pgcdc_dagster.lake.bronze_read import read_files
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
 from pgcdc_dagster.lake.delta import committed_version, ensure_table, load_table, new_files
 from pgcdc_dagster.lake.disk_full import explaining_full_disk
@@ -77,12 +77,12 @@ def _file_rows(uri: str) -> dict[str, int]:
 
 
 def silver_batches(uri: str, applied: int | None, target: int, files: list[str],
-                   batch_rows: int) -> list[tuple[int, list[str]]]:
+                   batch_rows: int, rows: dict[str, int]) -> list[tuple[int, list[str]]]:
     """``(bronze version the batch reaches, its files)`` in order: one batch when the
     backlog fits ``batch_rows``; else whole bronze versions up to the budget each, and a
     version above it alone in groups of files, where only the last group reaches the
-    version (the others record the version before it: replaying them is harmless)."""
-    rows = _file_rows(uri)
+    version (the others record the version before it: replaying them is harmless).
+    ``rows``: rows per file base name (:func:`_file_rows`)."""
     if sum(rows.get(f.rsplit("/", 1)[-1], 0) for f in files) <= batch_rows:
         return [(target, files)]
     out: list[tuple[int, list[str]]] = []
@@ -131,12 +131,14 @@ def _apply_silver(ctx: TableContext, spark: SparkLike, spark_threshold_rows: int
     schema = pa.schema(bronze.schema().to_arrow())
     events = rows_total = 0
     counts: dict[str, int] = {}
+    file_rows = _file_rows(ctx.bronze_uri) if files else {}
     for reached, batch_files in silver_batches(ctx.bronze_uri, applied, target, files,
-                                               batch_rows):
+                                               batch_rows, file_rows):
         meta = {"pgcdc.kind": "silver", "pgcdc.bronze_version": str(reached)}
+        batch_rows_read = sum(file_rows.get(f.rsplit("/", 1)[-1], 0) for f in batch_files)
         n_events, n_rows, batch_counts = _apply_batch(
-            ctx, spark, batch_files, schema, reached, meta, spark_threshold_rows,
-            target_file_bytes)
+            ctx, spark, batch_files, schema, reached, meta,
+            batch_rows_read > spark_threshold_rows, target_file_bytes)
         events += n_events
         rows_total += n_rows
         for key, value in batch_counts.items():
@@ -150,7 +152,7 @@ def _apply_silver(ctx: TableContext, spark: SparkLike, spark_threshold_rows: int
 
 
 def _apply_batch(ctx: TableContext, spark: SparkLike, files: list[str], schema: pa.Schema,
-                 target: int, meta: dict[str, str], spark_threshold_rows: int,
+                 target: int, meta: dict[str, str], with_spark: bool,
                  target_file_bytes: int) -> tuple[int, int, dict[str, int]]:
     """Merge the events of ``files`` into silver, recording bronze version ``target``."""
     if not files:
@@ -159,7 +161,7 @@ def _apply_batch(ctx: TableContext, spark: SparkLike, files: list[str], schema: 
                              toastable=ctx.toastable, app_id=ctx.silver_app_id, version=target,
                              truncate_seq=None, metadata=meta)
         return 0, 0, counts
-    if count_rows(ctx.bronze_uri, files) > spark_threshold_rows:
+    if with_spark:
         read = pa.schema([schema.field(c) for c in INPUT_COLUMNS])
         batch = prepare(session_of(spark), files, ctx.relation.key_names, ctx.toastable, read,
                         storage_options(ctx.bronze_uri))
