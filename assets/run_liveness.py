@@ -72,7 +72,9 @@ def live_run_in_flight(instance: dg.DagsterInstance, dsn: str, slot: str, grace_
                        log: logging.Logger | None = None, *, noticed_by: str,
                        job_names: Sequence[str] = CAPTURE_JOBS) -> str | None:
     """A live queued or running capture run (``<job> run <id>``), after marking dead ones
-    failed; None when none is left."""
+    failed (and freeing the pool slots runs that have ended still hold); None when none is
+    left."""
+    free_slots_of_ended_runs(instance, log)
     runs = _in_flight(instance, job_names)
     if not runs:
         return None
@@ -101,6 +103,40 @@ def live_run_in_flight(instance: dg.DagsterInstance, dsn: str, slot: str, grace_
         for run, quiet in suspects:
             _mark_dead(instance, run, slot, quiet, noticed_by, log)
     return _describe(live[0]) if live else None
+
+
+ENDED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE,
+         dg.DagsterRunStatus.CANCELED)
+
+
+def free_slots_of_ended_runs(instance: dg.DagsterInstance,
+                             log: logging.Logger | None = None) -> list[str]:
+    """Free the concurrency-pool slots that runs which have ended still hold; return their ids.
+
+    A run worker killed in a step cannot free its ``pgcdc_slot`` slot. When Dagster itself
+    fails the run (run monitoring's worker health check does within seconds), the run is no
+    longer in flight, but its slot stays claimed until run monitoring's
+    ``free_slots_after_run_end_seconds`` (300 s unless set): the next micro-batch would wait
+    for the pool that long. An ended run runs no step, so its slots are freed at once here.
+    """
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return []
+    holders = storage.get_concurrency_run_ids()
+    if not holders:
+        return []
+    records = instance.get_run_records(dg.RunsFilter(run_ids=sorted(holders),
+                                                     statuses=list(ENDED)))
+    freed = []
+    for record in records:
+        run = record.dagster_run
+        storage.free_concurrency_slots_for_run(run.run_id)
+        freed.append(run.run_id)
+        if log is not None:
+            log.warning(f"freed the concurrency pool slots of {_describe(run)}: it is "
+                        f"{run.status.value} but still held them (its worker died in a "
+                        "step), so the next capture run would have waited for the pool")
+    return freed
 
 
 def _holding(runs: Sequence[dg.DagsterRun], holder: LockHolder) -> str:

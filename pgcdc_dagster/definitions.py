@@ -153,7 +153,8 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:  # type: ignore[t
         "postgres": PostgresResource(dsn=dg.EnvVar("PGCDC_PG_DSN")),
         "lakehouse": LakehouseResource(root=_env_or("PGCDC_LAKEHOUSE", DEFAULT_LAKEHOUSE)),
         "capture": CaptureResource(**capture_kwargs),  # type: ignore[arg-type]
-        "spark": SparkResource(master=_env_or("PGCDC_SPARK_MASTER", "local[2]")),
+        "spark": SparkResource(master=_env_or("PGCDC_SPARK_MASTER", "local[2]"),
+                               driver_memory=os.environ.get("PGCDC_SPARK_DRIVER_MEMORY") or None),
     }
 
 

@@ -37,3 +37,19 @@ class SlotLostError(PgCdcError):
 
 class UnsupportedTypeError(PgCdcError):
     """A column type cannot be converted under the configured handling mode."""
+
+
+class SourceConnectionLostError(SourceUnavailableError):
+    """The connection to the source PostgreSQL was lost while reading the slot (a server
+    restart or crash, ``pg_terminate_backend``, a network loss); nothing of the window was
+    committed and the next run resumes from the slot's position."""
+
+
+class PublicationMissingError(ConfigurationError):
+    """The slot holds changes decoded against a publication that was dropped: PostgreSQL
+    cannot decode them with a publication created afterwards; the message names the way out."""
+
+
+class LakehouseFullError(PgCdcError):
+    """The lakehouse's filesystem is full (``No space left on device``); nothing of the
+    write was committed, and the run resumes once there is space."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pgcdc_dagster.capture.captured import CapturedTables
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.settings import SNAPSHOT_MODES, CaptureSettings
-from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
+from pgcdc_dagster.capture.silver_apply import BATCH_ROWS, SilverReport, apply_silver
 from pgcdc_dagster.capture.snapshot import (
     SnapshotReport,
     load_captured,
@@ -31,6 +31,7 @@ from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.lake.data_files import DEFAULT_TARGET_FILE_BYTES
 from pgcdc_dagster.lake.delta import ensure_local_dir
+from pgcdc_dagster.lake.disk_full import explains_full_disk
 from pgcdc_dagster.lake.memory import release_unused
 from pgcdc_dagster.lake.paths import is_local, slot_root
 from pgcdc_dagster.postgres.connection import connection
@@ -106,6 +107,7 @@ def select_contexts(settings: CaptureSettings,
 
 
 @explains_privileges
+@explains_full_disk
 def run_bronze(settings: CaptureSettings, spark: SparkLike, *, force_snapshot_step: bool,
                only: Collection[tuple[str, str]] | None = None,
                progress: Callable[[str], None] = log.info,
@@ -270,17 +272,18 @@ def run_silver(settings: CaptureSettings, spark: SparkLike,
     the silver file rewrites release the GIL. Reports come back in the contexts' order.
     """
     return apply_silver_tables(select_contexts(settings, only), spark,
-                               settings.silver_spark_threshold_rows, settings.target_file_bytes)
+                               settings.silver_spark_threshold_rows, settings.target_file_bytes,
+                               settings.silver_batch_rows)
 
 
 def apply_silver_tables(contexts: Sequence[TableContext], spark: SparkLike,
                         threshold: int,
-                        target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
-                        ) -> list[SilverReport]:
+                        target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+                        batch_rows: int = BATCH_ROWS) -> list[SilverReport]:
     """:func:`apply_silver` for each context, ``SILVER_THREADS`` at a time (in order)."""
 
     def one(ctx: TableContext) -> SilverReport:
-        report = apply_silver(ctx, spark, threshold, target_file_bytes)
+        report = apply_silver(ctx, spark, threshold, target_file_bytes, batch_rows)
         crash_point("after_silver_merge")
         release_unused()
         return report

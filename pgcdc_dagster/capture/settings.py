@@ -62,6 +62,9 @@ class CaptureSettings:
     silver_spark_threshold_rows: int = 2_000_000
     """Bronze rows of a silver batch above which Spark prepares it; smaller batches are
     prepared in Arrow on the driver, where Spark's fixed cost per job would dominate."""
+    silver_batch_rows: int = 1_000_000
+    """Bronze rows of one silver batch: a larger backlog catches up in several, each
+    committed before the next is read (``capture/silver_apply.py``)."""
     target_file_bytes: int = 1 << 20
     """Target size of the data files silver merges and upkeep's compaction write
     (``lake/data_files.py``)."""
@@ -138,6 +141,7 @@ class CaptureSettings:
                 # 0 bytes or windows: every run succeeded without reading a change
                 ("window_max_bytes", self.window_max_bytes, 1),
                 ("max_windows", self.max_windows, 1),
+                ("silver_batch_rows", self.silver_batch_rows, 1),
                 ("window_max_changes (0: no cap)", self.window_max_changes, 0),
                 ("window_portion_changes (0: whole windows)", self.window_portion_changes, 0),
                 ("snapshot_chunk_bytes", self.snapshot_chunk_bytes, 1),

@@ -383,8 +383,8 @@ class _SnapshotRun:
                 drop_slot(conn, slot)
             self.progress(f"dropped the invalidated slot {slot!r}")
         if decision.slot_action in ("create", "recreate"):
-            with create_slot_with_snapshot(self.settings.dsn, slot,
-                                           self.settings.plugin_name) as exported:
+            with create_slot_with_snapshot(self.settings.dsn, slot, self.settings.plugin_name,
+                                           report=self.progress) as exported:
                 self._mark("slot created")
                 self.progress(f"slot {slot!r} created at {exported.consistent_point}")
                 point = int(exported.consistent_point)

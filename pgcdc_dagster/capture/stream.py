@@ -23,12 +23,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import psycopg2
 import psycopg2.extensions
 import pyarrow as pa
 
 from pgcdc_dagster.capture.bronze_write import BronzeWindowWriter, parse_skipped_operations
 from pgcdc_dagster.capture.captured import CapturedTables
 from pgcdc_dagster.capture.faults import crash_point
+from pgcdc_dagster.capture.read_faults import (
+    connection_lost,
+    lost_while_reading,
+    publication_missing,
+)
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot_modes import missed_windows
 from pgcdc_dagster.capture.tables import TableContext, converters_for
@@ -372,6 +378,13 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext] | Ca
                                                    len(window.transactions), counts,
                                                    time.monotonic() - w_started))
                 position = end
+        except psycopg2.Error as exc:
+            missing = publication_missing(exc, settings.slot, settings.publication, position)
+            if missing is not None:
+                raise missing from exc
+            if not connection_lost(exc, conn):
+                raise
+            raise lost_while_reading(exc, settings.dsn, settings.slot, position) from exc
         finally:
             writer.close()
             cache.close()

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from pgcdc_dagster.lake.delta import DataFile, stats_json
+from pgcdc_dagster.lake.disk_full import explaining_full_disk
 from pgcdc_dagster.lake.key_ranges import Range, candidates, file_ranges
 from pgcdc_dagster.lake.parquet_layout import (
     LOW_CARDINALITY,
@@ -131,8 +132,9 @@ def write_data_file(uri: str, data: pa.Table, prefix: str) -> DataFile:
     fs, base = filesystem(uri)
     path = f"{base.rstrip('/')}/{name}"
     collector: list[pq.FileMetaData] = []
-    pq.write_table(data, path, filesystem=fs, metadata_collector=collector,
-                   row_group_size=max(data.num_rows, 1), **layout_options(data))
+    with explaining_full_disk(path):
+        pq.write_table(data, path, filesystem=fs, metadata_collector=collector,
+                       row_group_size=max(data.num_rows, 1), **layout_options(data))
     size = fs.get_file_info(path).size
     return DataFile(name, int(size or 0), data.num_rows,
                     stats_json(collector[0], data.num_rows, data))

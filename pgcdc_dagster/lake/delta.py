@@ -27,6 +27,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.commit_safety import ensure_safe_commits
+from pgcdc_dagster.lake.disk_full import explaining_full_disk
 from pgcdc_dagster.lake.file_stats import delta_stats
 from pgcdc_dagster.lake.first_commit import TableExists, first_protocol, write_first_commit
 from pgcdc_dagster.lake.paths import is_local
@@ -266,7 +267,9 @@ def write_part(table_root: str, data: pa.Table, prefix: str = "part") -> DataFil
     fs, base = filesystem(table_root)
     path = f"{base.rstrip('/')}/{name}"
     collector: list[pq.FileMetaData] = []
-    pq.write_table(data, path, filesystem=fs, compression="zstd", metadata_collector=collector)
+    with explaining_full_disk(path):
+        pq.write_table(data, path, filesystem=fs, compression="zstd",
+                       metadata_collector=collector)
     size = fs.get_file_info(path).size
     return DataFile(name, int(size or 0), data.num_rows,
                     stats_json(collector[0], data.num_rows, data))

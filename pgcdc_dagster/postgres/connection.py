@@ -63,6 +63,32 @@ def connect_options(dsn: str) -> dict[str, object]:
     return {"connect_timeout": DEFAULT_CONNECT_TIMEOUT_S}
 
 
+SESSION_DEFAULTS: tuple[tuple[str, str], ...] = (
+    ("idle_in_transaction_session_timeout", "0"),
+    ("statement_timeout", "0"),
+    ("lock_timeout", "0"),
+)
+"""Settings every session of the project starts with (libpq ``options``), whatever the
+role's or database's defaults (``ALTER ROLE ... SET``): the exported snapshot's connection
+and the chunk readers sit idle in their transactions while other chunks are read, and the
+COPY reads, slot creation and peeks run as long as the data they carry. A per-statement
+limit the project sets itself (``snapshot.statement.timeout.ms``) still applies (``SET
+LOCAL``). Options the DSN (or ``PGOPTIONS``) gives come after these, so they win."""
+
+
+def session_options(dsn: str) -> dict[str, object]:
+    """``options`` to pass to libpq: :data:`SESSION_DEFAULTS`, then the DSN's own
+    ``options`` (or ``PGOPTIONS`` when the DSN has none)."""
+    try:
+        given = psycopg2.extensions.parse_dsn(dsn).get("options")
+    except psycopg2.ProgrammingError:
+        given = None
+    if given is None:
+        given = os.environ.get("PGOPTIONS", "")
+    ours = " ".join(f"-c {name}={value}" for name, value in SESSION_DEFAULTS)
+    return {"options": f"{ours} {given}".strip()}
+
+
 def _parse_problem(message: str) -> str:
     for marker, problem in _PARSE_PROBLEMS:
         if marker in message:
@@ -80,7 +106,8 @@ def _timeout_in_effect(dsn: str) -> str:
 
 def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgcdc_dagster",
             replication: bool = False) -> psycopg2.extensions.connection:
-    """Open a connection (``connect_timeout`` by default, see :func:`connect_options`).
+    """Open a connection (``connect_timeout`` by default, see :func:`connect_options`; the
+    session settings of :data:`SESSION_DEFAULTS`).
 
     Raises:
         ConfigurationError: the DSN does not parse (the message never quotes it), or the
@@ -90,7 +117,7 @@ def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgcdc
     """
     try:
         kwargs: dict[str, object] = {"application_name": application_name,
-                                     **connect_options(dsn)}
+                                     **connect_options(dsn), **session_options(dsn)}
         if replication:
             kwargs["connection_factory"] = psycopg2.extras.LogicalReplicationConnection
         conn = psycopg2.connect(dsn, **kwargs)

@@ -5,7 +5,7 @@ DDL helpers are idempotent and compose identifiers with ``psycopg2.sql``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -20,6 +20,7 @@ from pgcdc_dagster.exceptions import ConfigurationError, SlotInUseError, SlotLos
 from pgcdc_dagster.names import display_name, quote_ident
 from pgcdc_dagster.postgres.connection import connect
 from pgcdc_dagster.postgres.discovery import replica_identity_fix, tables_without_replica_identity
+from pgcdc_dagster.postgres.slot_wait import reporting_waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +138,12 @@ def advance_slot(conn: psycopg2.extensions.connection, slot: str, lsn: Lsn) -> L
 
 
 @contextmanager
-def create_slot_with_snapshot(dsn: str, slot: str,
-                              plugin: str = "pgoutput") -> Iterator[ExportedSlot]:
+def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput",
+                              report: Callable[[str], None] | None = None
+                              ) -> Iterator[ExportedSlot]:
     """Create a logical slot of ``plugin`` (``plugin.name``) with an exported snapshot; keep
-    it valid until exit.
+    it valid until exit. While the creation waits for transactions open at the source, they
+    are reported every few seconds to ``report`` (:mod:`~pgcdc_dagster.postgres.slot_wait`).
 
     The replication connection is held open (and idle) for the whole block: the exported
     snapshot can be imported with ``SET TRANSACTION SNAPSHOT`` only while it lives.
@@ -150,8 +153,10 @@ def create_slot_with_snapshot(dsn: str, slot: str,
         with conn.cursor() as cur:
             command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} EXPORT_SNAPSHOT")
             try:
-                cur.execute(command.format(sql.Identifier(slot),
-                                           sql.Identifier(plugin)).as_string(conn))
+                # it waits for the transactions open at the source: say which, meanwhile
+                with reporting_waits(dsn, conn.info.backend_pid, slot, report=report):
+                    cur.execute(command.format(sql.Identifier(slot),
+                                               sql.Identifier(plugin)).as_string(conn))
             except psycopg2.errors.DuplicateObject:
                 raise ConfigurationError(
                     f"replication slot {slot!r} already exists; a consistent initial snapshot "

@@ -45,6 +45,7 @@ from psycopg2 import sql
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, PgCdcError
 from pgcdc_dagster.postgres.connection import connect, connection
+from pgcdc_dagster.postgres.slot_wait import reporting_waits
 from pgcdc_dagster.postgres.sql_filter import RejectedSql, check_select, single_statement
 from pgcdc_dagster.postgres.statements import execute
 
@@ -606,8 +607,10 @@ def _translate(exc: psycopg2.Error, label: str) -> Exception:
     if isinstance(exc, psycopg2.errors.InvalidParameterValue) and "snapshot" in message:
         return SnapshotExpiredError(
             f"{label}: {message}. The exported snapshot is gone (its replication connection "
-            "closed before every chunk was read). Run the snapshot again; it resumes with the "
-            "chunks not yet read.")
+            "closed before every chunk was read: a server restart, pg_terminate_backend, or "
+            "an idle_in_transaction_session_timeout given in the DSN's options, which "
+            "override the project's own session settings). Run the snapshot again; it resumes "
+            "with the chunks not yet read.")
     if "cannot allocate memory" in message or "no message from the libpq" in message:
         return PgCdcError(
             f"{label}: {message}. The chunk reader most likely ran out of memory receiving a "
@@ -745,7 +748,7 @@ def temporary_exported_snapshot(dsn: str, slot: str) -> Iterator[ExportedPoint]:
     """
     conn = connect(dsn, replication=True, application_name="pgcdc_dagster snapshot point")
     try:
-        with conn.cursor() as cur:
+        with conn.cursor() as cur, reporting_waits(dsn, conn.info.backend_pid, slot):
             cur.execute(sql.SQL("CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput "
                                 "EXPORT_SNAPSHOT").format(sql.Identifier(slot)).as_string(conn))
             name, point, snapshot, _plugin = cur.fetchone()

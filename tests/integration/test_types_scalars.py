@@ -270,8 +270,9 @@ def test_interval(conn, mode):
             secs = format(s.normalize(), "f") if s else "0"
             want.append(f"P{y}Y{mo}M{d}DT{h}H{mi}M{secs}S")
         else:
-            days = (y * 12 + mo) * (365.25 / 12.0) + d
-            micros = int(((((days * 24 + h) * 60) + mi) * 60 + float(s)) * 1e6)
+            # a 365.25/12-day month is 2,629,800 s: the sum is exact in integers
+            micros = ((y * 12 + mo) * 2_629_800_000_000 + d * 86_400_000_000
+                      + ((h * 60 + mi) * 60) * 1_000_000 + int(s * 1_000_000))
             want.append(max(min(micros, 2**63 - 1), -(2**63)))  # Java (long) saturates
     assert case.bronze() == want
     if mode == "string":

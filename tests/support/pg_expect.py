@@ -90,7 +90,7 @@ def interval_struct(parts: Sequence[int] | None, mode: str) -> dict[str, int] | 
     months, d, us = (int(p) for p in parts)
     if mode == "string":
         return {"months": months, "days": d, "microseconds": us}
-    approx = int(((months * (365.25 / 12.0) + d) * 86400 + us / 1e6) * 1e6)
+    approx = months * 2_629_800_000_000 + d * 86_400_000_000 + us
     return {"months": 0, "days": 0, "microseconds": approx}
 
 

@@ -120,3 +120,13 @@ def test_a_wrong_field_is_refused_before_a_run_changes_anything(fields, message)
 
     with pytest.raises(ConfigurationError, match=message):
         CaptureResource(**fields).settings("dbname=x", "/lake")
+
+
+def test_spark_driver_memory_comes_from_the_environment(monkeypatch) -> None:
+    """The Spark heap a large silver batch runs in is settable without code."""
+    from pgcdc_dagster.definitions import default_resources
+
+    monkeypatch.setenv("PGCDC_SPARK_DRIVER_MEMORY", "3g")
+    assert default_resources()["spark"].driver_memory == "3g"
+    monkeypatch.delenv("PGCDC_SPARK_DRIVER_MEMORY")
+    assert default_resources()["spark"].driver_memory is None

@@ -4,13 +4,14 @@ Input is PostgreSQL's default ``IntervalStyle = postgres`` output, e.g.
 ``1 year 2 mons 3 days 04:05:06.78`` or ``-1 days +02:03:00``.
 
 Bronze, as Debezium computes it from PgJDBC's ``PGInterval``:
-- ``numeric``: INT64 ``io.debezium.time.MicroDuration``, the approximate microseconds with
-  ``365.25 / 12`` days per month, evaluated in IEEE doubles and truncated exactly like
-  ``MicroDuration.durationMicros`` (so ``1 mon`` -> 2629800000000).
+- ``numeric``: INT64 ``io.debezium.time.MicroDuration``, ``MicroDuration.durationMicros``'s
+  formula with ``365.25 / 12`` days per month (so ``1 mon`` -> 2629800000000), evaluated in
+  integers: a month is exactly 2,629,800 s, so the sum is exact to the microsecond where
+  Debezium's doubles lose it (``00:00:01.000001`` is 1000001 here, 1000000 there).
 - ``string``: STRING ``io.debezium.time.Interval``, ``P<y>Y<m>M<d>DT<h>H<min>M<s>S`` with the
-  seconds as ``BigDecimal.valueOf(seconds).stripTrailingZeros().toPlainString()``
-  (seed example: ``P1Y2M3DT4H5M6.78S``). A negative time part makes hours, minutes and
-  seconds negative.
+  seconds as ``BigDecimal.valueOf(seconds).stripTrailingZeros().toPlainString()`` prints them
+  (seed example: ``P1Y2M3DT4H5M6.78S``), written from the whole seconds and microseconds.
+  A negative time part makes hours, minutes and seconds negative.
 
 Silver: ``struct<months int32, days int32, microseconds int64>`` (Delta has no interval
 type), decoded from bronze: exact, as PostgreSQL stores it, in ``string`` mode; in ``numeric``
@@ -26,11 +27,12 @@ from decimal import ROUND_DOWN, Decimal
 import pyarrow as pa
 
 from pgcdc_dagster.cdc.typeconv.base import BaseConverter, map_values
-from pgcdc_dagster.cdc.typeconv.javafmt import plain_seconds
 from pgcdc_dagster.cdc.typeconv.model import PgType, TypeModes
 from pgcdc_dagster.cdc.typeconv.schema import primitive
 
-DAYS_PER_MONTH_AVG = 365.25 / 12.0
+MICROS_PER_MONTH_AVG = 2_629_800_000_000
+"""Debezium's average month (365.25 / 12 = 30.4375 days) in microseconds: a whole number."""
+MICROS_PER_DAY = 86_400_000_000
 SILVER_TYPE = pa.struct([
     pa.field("months", pa.int32(), False),
     pa.field("days", pa.int32(), False),
@@ -52,24 +54,27 @@ class IntervalParts:
     whole_seconds: int = 0
     micros: int = 0
 
-    @property
-    def seconds(self) -> float:
-        """``PGInterval.getSeconds()``: whole seconds plus microseconds / 1e6."""
-        return self.whole_seconds + self.micros / 1000000.0
+    def seconds_text(self) -> str:
+        """``PGInterval.getSeconds()`` as ``BigDecimal.valueOf(..).stripTrailingZeros()
+        .toPlainString()`` prints it (``6.78``, ``-0.000001``, ``0``), from the integers."""
+        total = self.whole_seconds * 1_000_000 + self.micros
+        sign = "-" if total < 0 else ""
+        whole, frac = divmod(abs(total), 1_000_000)
+        return f"{sign}{whole}" + (f".{frac:06d}".rstrip("0") if frac else "")
 
     def duration_micros(self) -> int:
-        """``MicroDuration.durationMicros`` with the 365.25/12 average (IEEE doubles)."""
-        number_of_days = (self.years * 12 + self.months) * DAYS_PER_MONTH_AVG + self.days
-        number_of_seconds = (((number_of_days * 24 + self.hours) * 60) + self.minutes) * 60 \
-            + self.seconds
-        micros = number_of_seconds * 1000000.0
-        # Java's (long) cast saturates at the int64 limits
-        return max(min(int(micros), 2**63 - 1), -(2**63))
+        """``MicroDuration.durationMicros`` with the 365.25/12 average, in exact integers
+        (saturating at the int64 limits like Java's ``(long)`` cast)."""
+        micros = ((self.years * 12 + self.months) * MICROS_PER_MONTH_AVG
+                  + self.days * MICROS_PER_DAY
+                  + ((self.hours * 60 + self.minutes) * 60 + self.whole_seconds) * 1_000_000
+                  + self.micros)
+        return max(min(micros, 2**63 - 1), -(2**63))
 
     def iso_string(self) -> str:
         """``Interval.toIsoString``: ``P1Y2M3DT4H5M6.78S``."""
         return (f"P{self.years}Y{self.months}M{self.days}DT{self.hours}H{self.minutes}M"
-                f"{plain_seconds(self.seconds)}S")
+                f"{self.seconds_text()}S")
 
     def exact(self) -> dict[str, int]:
         """PostgreSQL's own representation: months, days and microseconds."""

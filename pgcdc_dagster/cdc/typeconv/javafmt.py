@@ -1,9 +1,7 @@
 """Java number formatting that Debezium's string encodings inherit.
 
-``Double.toString`` (money in ``decimal.handling.mode=string``) and
-``BigDecimal.valueOf(double).stripTrailingZeros().toPlainString()`` (interval seconds in
-``interval.handling.mode=string``). Digits are the shortest round-trip digits (as JDK 19+
-prints them; Python's ``repr`` uses the same rule).
+``Double.toString`` (money in ``decimal.handling.mode=string``). Digits are the shortest
+round-trip digits (as JDK 19+ prints them; Python's ``repr`` uses the same rule).
 """
 
 from __future__ import annotations
@@ -56,13 +54,3 @@ def java_double_string(value: float) -> str:
     mantissa = digits[0] + "." + (digits[1:] or "0")
     return f"{sign}{mantissa}E{exp}"
 
-
-def plain_seconds(value: float) -> str:
-    """``BigDecimal.valueOf(value)`` truncated to 6 places, trailing zeros stripped, plain."""
-    dec = Decimal(repr(value))
-    if dec.as_tuple().exponent < -6:  # type: ignore[operator]
-        dec = dec.quantize(Decimal("0.000001"), rounding="ROUND_DOWN")
-    if dec == 0:
-        return "0"
-    text = format(dec.normalize(), "f")
-    return text
