@@ -42,14 +42,16 @@ from functools import lru_cache
 
 import dagster as dg
 
-from assets import CAPTURE_POOL, build_capture_assets, source_specs
-from assets.checks import build_asset_checks
-from assets.incremental import build_incremental
-from assets.jobs import LEAN_JOBS, build_jobs, build_lean_job
-from assets.operations import build_maintenance_job, teardown_job
-from assets.schedules import build_maintenance_schedule, build_schedules
-from assets.sensors import build_sensors
-from assets.signals import build_signal_sensor, signal_job
+from pgcdc_dagster.assets import CAPTURE_POOL, build_capture_assets, source_specs
+from pgcdc_dagster.assets.checks import build_asset_checks
+from pgcdc_dagster.assets.incremental import build_incremental
+from pgcdc_dagster.assets.jobs import LEAN_JOBS, build_jobs, build_lean_job
+from pgcdc_dagster.assets.naming import RESOURCES, CaptureNames
+from pgcdc_dagster.assets.operations import build_maintenance_job, build_teardown_job
+from pgcdc_dagster.assets.schedules import build_maintenance_schedule, build_schedules
+from pgcdc_dagster.assets.sensors import build_sensors
+from pgcdc_dagster.assets.signals import build_signal_job, build_signal_sensor
+from pgcdc_dagster.assets.translator import PgcdcTranslator
 from pgcdc_dagster.cdc.plugins import PGOUTPUT
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.memory import use_returning_pool
@@ -64,9 +66,14 @@ from pgcdc_dagster.postgres.discovery import (
     resolve_capture,
 )
 from pgcdc_dagster.postgres.signals import parse_table_name
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
+from pgcdc_dagster.resources.capture import split_list
 from pgcdc_dagster.spark.session import check_master
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
-from resources.capture import split_list
 
 DEFAULT_LAKEHOUSE = "./lakehouse"
 _CAPTURE_ENV = {
@@ -189,7 +196,8 @@ def discover_tables(dsn: str, include: Sequence[str], exclude: Sequence[str] = (
 def build_definitions(tables: Sequence[tuple[str, str]],
                       resources: Mapping[str, object] | None = None, *,
                       settings: MonitorSettings | None = None,
-                      job: str | None = None) -> dg.Definitions:
+                      job: str | None = None, name: str = "",
+                      translator: PgcdcTranslator | None = None) -> dg.Definitions:
     """Definitions for the given tables (tests pass resources; the loader uses the env).
 
     ``settings`` (schedule, lag trigger, check thresholds, owners) default to the
@@ -200,24 +208,31 @@ def build_definitions(tables: Sequence[tuple[str, str]],
     every captured table (building those costs seconds with a thousand tables, and the job
     does not use them: it reports its events by asset key). Any other value (None, another
     job) builds everything.
+
+    ``name`` namespaces every name of the definitions (:class:`CaptureNames`); ``resources``
+    are given by their plain keys (``postgres``, ``lakehouse``, ``capture``, ``spark``) and
+    bound under the capture's. ``translator`` makes the tables' asset specs.
     """
     settings = settings if settings is not None else MonitorSettings.from_env(os.environ)
-    resource_defs = dict(resources) if resources is not None else default_resources()
+    names = CaptureNames(name, translator or PgcdcTranslator(), settings.owners)
+    given = dict(resources) if resources is not None else default_resources()
+    resource_defs = {names.resource_key(k) if k in RESOURCES else k: v for k, v in given.items()}
     if job in LEAN_JOBS:
-        return dg.Definitions(jobs=[build_lean_job(job, tables, settings)],
+        return dg.Definitions(jobs=[build_lean_job(job, tables, settings, names=names)],
                               resources=resource_defs)
-    jobs = build_jobs(tables, settings)
-    maintenance = build_maintenance_job(tables)
-    incremental, incremental_job = build_incremental(tables, settings.owners)
+    jobs = build_jobs(tables, settings, names=names)
+    maintenance = build_maintenance_job(tables, names)
+    incremental, incremental_job = build_incremental(tables, names=names)
     return dg.Definitions(
-        assets=[*source_specs(tables, settings.owners),
-                *build_capture_assets(tables, settings.owners), incremental],
-        asset_checks=build_asset_checks(tables, settings),
-        jobs=[*jobs.all(), incremental_job, signal_job, teardown_job, maintenance],
-        schedules=[*build_schedules(jobs, settings),
-                   build_maintenance_schedule(maintenance, settings)],
-        sensors=[*build_sensors(tables, jobs, settings),
-                 build_signal_sensor(tables, incremental_job)],
+        assets=[*source_specs(tables, names),
+                *build_capture_assets(tables, names), incremental],
+        asset_checks=build_asset_checks(tables, settings, names=names),
+        jobs=[*jobs.all(), incremental_job, build_signal_job(names),
+              build_teardown_job(names), maintenance],
+        schedules=[*build_schedules(jobs, settings, names=names),
+                   build_maintenance_schedule(maintenance, settings, names=names)],
+        sensors=[*build_sensors(tables, jobs, settings, names=names),
+                 build_signal_sensor(tables, incremental_job, names=names)],
         resources=resource_defs,
     )
 

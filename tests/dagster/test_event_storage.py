@@ -45,8 +45,8 @@ from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster_shared.serdes import deserialize_value, serialize_value
 
-from assets import event_batches, event_memo, event_prepack, event_writes
-from assets.event_storage import (
+from pgcdc_dagster.assets import event_batches, event_memo, event_prepack, event_writes
+from pgcdc_dagster.assets.event_storage import (
     REPLACED,
     engines_shareable,
     engines_shared,

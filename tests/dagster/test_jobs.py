@@ -18,7 +18,12 @@ from pgcdc_dagster.definitions import build_definitions, defs, discover_tables
 from pgcdc_dagster.exceptions import ConfigurationError, SourceUnavailableError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.postgres.local_cluster import free_port
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 from tests.support.compare import assert_silver_equals_source
 from tests.support.processes import MARK, left_behind, marked
 

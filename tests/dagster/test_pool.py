@@ -4,9 +4,9 @@ Two views of the same rule (design §3.8):
 
 * the Definitions: every op of every job, with the pool Dagster will enforce, against the
   list below of what touches the slot and why;
-* the source of ``assets/``: every Dagster-decorated function that calls an engine entry point
-  which peeks, advances or drops the slot is declared with ``pool=CAPTURE_POOL``, and no other
-  is (so a new slot reader without the pool, or a pool on a non-reader, fails here).
+* the source of ``pgcdc_dagster/assets/``: every Dagster-decorated function that calls an
+  engine entry point which peeks, advances or drops the slot is declared with
+  ``pool=names.pool`` (the capture's pool), and no other is (so a new slot reader without the pool, or a pool on a non-reader, fails here).
 """
 
 from __future__ import annotations
@@ -17,14 +17,19 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets import CAPTURE_POOL
+from pgcdc_dagster.assets import CAPTURE_POOL
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 pytestmark = [pytest.mark.dagster, pytest.mark.unit]
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "pgcdc_dagster" / "assets"
 
 SLOT_OPS = {
     "capture": "cdc_microbatch / initial_snapshot: peeks slot windows, advances the slot, "
@@ -84,15 +89,15 @@ def test_every_op_that_touches_the_slot_is_in_the_pool_and_no_other() -> None:
 
 
 def _decorator(node: ast.expr) -> tuple[str | None, bool]:
-    """(Dagster decorator name, whether it passes pool=CAPTURE_POOL)."""
+    """(Dagster decorator name, whether it passes pool=names.pool)."""
     call = node if isinstance(node, ast.Call) else None
     target = call.func if call else node
     name = target.attr if isinstance(target, ast.Attribute) else (
         target.id if isinstance(target, ast.Name) else None)
     if name not in DAGSTER_DECORATORS:
         return None, False
-    pooled = any(k.arg == "pool" and isinstance(k.value, ast.Name)
-                 and k.value.id == "CAPTURE_POOL" for k in (call.keywords if call else []))
+    pooled = any(k.arg == "pool" and isinstance(k.value, ast.Attribute)
+                 and k.value.attr == "pool" for k in (call.keywords if call else []))
     return name, pooled
 
 

@@ -7,7 +7,7 @@ import dagster as dg
 import pytest
 
 from pgcdc_dagster.capture.settings import CaptureSettings
-from resources import CaptureResource
+from pgcdc_dagster.resources import CaptureResource
 
 pytestmark = [pytest.mark.unit]
 

@@ -97,7 +97,8 @@ def multi_asset_io(specs: Sequence[dg.AssetSpec], *, can_subset: bool,
     return {"outs": outs, "ins": ins, "internal_asset_deps": internal, "can_subset": can_subset}
 
 
-def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | None = None
+def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | None = None,
+                resource_keys: set[str] | None = None
                 ) -> Callable[[Callable[..., Any]], dg.AssetChecksDefinition]:
     """``@multi_asset_check(can_subset=True)`` with collision-free output and input names."""
     by_output = {f"{_name(s.asset_key)}_{s.name}": s for s in specs}
@@ -108,7 +109,7 @@ def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | No
         # the type of each one it is given (issue 16: thousands of tables).
         nothing_in, optional_out = dg.In(dg.Nothing), dg.Out(dg.Nothing, is_required=False)
         op_def = dg.op(
-            name=name, pool=pool,
+            name=name, pool=pool, required_resource_keys=resource_keys,
             ins=dict.fromkeys(ins, nothing_in),
             out=dict.fromkeys(by_output, optional_out))(fn)
         checks: dg.AssetChecksDefinition = dg.AssetChecksDefinition.create(

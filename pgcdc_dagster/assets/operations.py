@@ -15,17 +15,15 @@ from collections.abc import Sequence
 import dagster as dg
 from pydantic import Field
 
-from assets.capture import CAPTURE_POOL
-from assets.event_storage import event_files_held
-from assets.jobs import TEARDOWN
-from assets.keys import SLOT_KEY, silver_key
+from pgcdc_dagster.assets.event_storage import event_files_held
+from pgcdc_dagster.assets.jobs import TEARDOWN, job_tags
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.tombstones import purge_tombstones
 from pgcdc_dagster.names import display_name
 from pgcdc_dagster.ops.teardown import check_confirmation, teardown
 from pgcdc_dagster.ops.upkeep import upkeep_table
-from resources import CaptureResource, LakehouseResource, PostgresResource
 
 
 class TeardownConfig(dg.Config):
@@ -40,43 +38,59 @@ class TeardownConfig(dg.Config):
         "publication.autocreate.mode is 'disabled' (it belongs to the DBA).")
 
 
-@dg.op(pool=CAPTURE_POOL, tags={"pgcdc/operation": "teardown"},
-       description="Drop the replication slot and the publication (after confirmation).")
-def drop_slot_and_publication(context: dg.OpExecutionContext, config: TeardownConfig,
-                              postgres: PostgresResource, capture: CaptureResource) -> None:
-    try:
-        check_confirmation(capture.slot, config.confirm)
-    except ConfigurationError as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from None
-    keep = config.keep_publication or capture.publication_autocreate_mode == "disabled"
-    report = teardown(postgres.dsn, capture.slot, capture.publication, config.confirm,
-                      drop_publication_too=not keep)
-    context.log.warning(
-        f"slot {report.slot!r} {'dropped' if report.slot_dropped else 'did not exist'} "
-        f"(was confirmed at {report.slot_confirmed_lsn}; bronze is complete up to there); "
-        f"publication {report.publication!r} "
-        f"{'dropped' if report.publication_dropped else 'kept'}. The lakehouse is untouched; "
-        "run initial_snapshot to capture again (silver is replaced).")
-    context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
-        "teardown": True,
-        "slot_dropped": report.slot_dropped,
-        "publication_dropped": report.publication_dropped,
-        "last_confirmed_lsn": str(report.slot_confirmed_lsn),
-        "retained_bytes_released": report.retained_bytes_released,
-    }))
+def build_teardown_job(names: CaptureNames = DEFAULT_NAMES) -> dg.JobDefinition:
+    """The teardown job of a capture."""
+
+    def drop(context: dg.OpExecutionContext, config: TeardownConfig) -> None:
+        postgres, _, capture, _ = names.bound(context)
+        try:
+            check_confirmation(capture.slot, config.confirm)
+        except ConfigurationError as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        keep = config.keep_publication or capture.publication_autocreate_mode == "disabled"
+        report = teardown(postgres.dsn, capture.slot, capture.publication, config.confirm,
+                          drop_publication_too=not keep)
+        context.log.warning(
+            f"slot {report.slot!r} {'dropped' if report.slot_dropped else 'did not exist'} "
+            f"(was confirmed at {report.slot_confirmed_lsn}; bronze is complete up to there); "
+            f"publication {report.publication!r} "
+            f"{'dropped' if report.publication_dropped else 'kept'}. The lakehouse is "
+            f"untouched; run {names.scoped('initial_snapshot')} to capture again (silver is "
+            "replaced).")
+        context.log_event(dg.AssetObservation(asset_key=names.slot_key, metadata={
+            "teardown": True,
+            "slot_dropped": report.slot_dropped,
+            "publication_dropped": report.publication_dropped,
+            "last_confirmed_lsn": str(report.slot_confirmed_lsn),
+            "retained_bytes_released": report.retained_bytes_released,
+        }))
+
+    @dg.op(pool=names.pool, tags={"pgcdc/operation": "teardown"},
+           required_resource_keys=names.resource_keys,
+           description="Drop the replication slot and the publication (after confirmation).")
+    def drop_slot_and_publication(context: dg.OpExecutionContext,
+                                  config: TeardownConfig) -> None:
+        drop(context, config)
+
+    @dg.job(name=names.scoped(TEARDOWN), executor_def=dg.in_process_executor,
+            tags=job_tags(TEARDOWN, names),
+            description="Drop the replication slot and its publication, releasing the WAL the "
+            "slot retains. Needs run config confirm: <slot name>. The lakehouse is not "
+            "touched.")
+    def teardown_job() -> None:
+        drop_slot_and_publication()
+
+    return teardown_job
 
 
-@dg.job(name=TEARDOWN, executor_def=dg.in_process_executor, tags={"pgcdc/job": TEARDOWN},
-        description="Drop the replication slot and its publication, releasing the WAL the "
-        "slot retains. Needs run config confirm: <slot name>. The lakehouse is not touched.")
-def teardown_job() -> None:
-    drop_slot_and_publication()
+teardown_job = build_teardown_job()
 
 
 MAINTENANCE = "silver_maintenance"
 
 
-def build_maintenance_job(tables: Sequence[tuple[str, str]]) -> dg.JobDefinition:
+def build_maintenance_job(tables: Sequence[tuple[str, str]],
+                          names: CaptureNames = DEFAULT_NAMES) -> dg.JobDefinition:
     """The silver_maintenance job: purge each captured table's expired silver tombstones,
     then compact, vacuum and checkpoint its bronze and silver (``ops/upkeep.py``).
 
@@ -85,11 +99,11 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]]) -> dg.JobDefinition
     with a conflict, and a rerun of the failed one is safe (neither is half-applied).
     """
     @dg.op(tags={"pgcdc/operation": "tombstone_purge"}, out=dg.Out(dg.Nothing),
+           required_resource_keys=names.resource_keys,
            description="Delete silver tombstones (__deleted rows) whose delete committed more "
            "than tombstone_retention_hours ago.")
-    def purge_silver_tombstones(context: dg.OpExecutionContext, postgres: PostgresResource,
-                                lakehouse: LakehouseResource,
-                                capture: CaptureResource) -> None:
+    def purge_silver_tombstones(context: dg.OpExecutionContext) -> None:
+        postgres, lakehouse, capture, _ = names.bound(context)
         settings = capture.settings(postgres.dsn, lakehouse.root)
         hours = capture.tombstone_retention_hours
         if hours < 0:
@@ -108,17 +122,17 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]]) -> dg.JobDefinition
                     context.log.info(f"silver {display_name(schema, table)}: {purged} "
                                      f"tombstones older than {hours} h purged")
                 context.log_event(dg.AssetObservation(
-                    asset_key=silver_key(schema, table),
+                    asset_key=names.silver(schema, table),
                     metadata={"tombstones_purged": purged, "retention_hours": hours}))
         context.log.info(f"{total} tombstones purged in {len(tables)} silver tables")
 
     @dg.op(tags={"pgcdc/operation": "upkeep"}, ins={"after_purge": dg.In(dg.Nothing)},
+           required_resource_keys=names.resource_keys,
            description="Compact bronze and silver data files to target_file_bytes (silver "
            "kept clustered by key), vacuum files removed more than vacuum_retention_hours "
            "ago, and checkpoint the Delta logs. Safe while micro-batches run.")
-    def compact_vacuum_checkpoint(context: dg.OpExecutionContext, postgres: PostgresResource,
-                                  lakehouse: LakehouseResource,
-                                  capture: CaptureResource) -> None:
+    def compact_vacuum_checkpoint(context: dg.OpExecutionContext) -> None:
+        postgres, lakehouse, capture, _ = names.bound(context)
         settings = capture.settings(postgres.dsn, lakehouse.root)
         if capture.vacuum_retention_hours < 1 or capture.target_file_bytes < 1024:
             raise dg.Failure(
@@ -142,7 +156,7 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]]) -> dg.JobDefinition
                                          "micro-batch; they are retried next run")
                     last = layer.last_compaction_ms
                     context.log_event(dg.AssetObservation(
-                        asset_key=dg.AssetKey([layer.layer, schema, table]),
+                        asset_key=names.key(layer.layer, schema, table),  # type: ignore[arg-type]
                         metadata={
                             "files": layer.files,
                             "bytes": layer.bytes,
@@ -159,8 +173,8 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]]) -> dg.JobDefinition
                         }))
         context.log.info(f"upkeep of {len(tables)} tables: {rewritten} bytes rewritten")
 
-    @dg.job(name=MAINTENANCE, executor_def=dg.in_process_executor,
-            tags={"pgcdc/job": MAINTENANCE},
+    @dg.job(name=names.scoped(MAINTENANCE), executor_def=dg.in_process_executor,
+            tags=job_tags(MAINTENANCE, names),
             description="Upkeep of every captured table: apply the tombstone retention "
             "(delete silver rows whose __deleted tombstone is older than "
             "tombstone_retention_hours), then compact bronze and silver, vacuum and "

@@ -20,19 +20,11 @@ import dagster as dg
 import pyarrow as pa
 from pydantic import Field
 
-from assets.event_storage import event_files_held
-from assets.keys import (
-    SLOT_KEY,
-    bronze_key,
-    multi_asset_io,
-    silver_key,
-    source_key,
-    table_metadata,
-    table_of_key,
-    table_tags,
-)
-from assets.partitions import ensure_partitions
-from assets.slot_hold import hold_slot_for_run
+from pgcdc_dagster.assets.event_storage import event_files_held
+from pgcdc_dagster.assets.keys import multi_asset_io
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
+from pgcdc_dagster.assets.partitions import ensure_partitions
+from pgcdc_dagster.assets.slot_hold import hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.faults import crash_point
 from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, select_contexts
@@ -49,10 +41,10 @@ from pgcdc_dagster.ops.schema_drift import normalise_type
 from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
 from pgcdc_dagster.ops.table_facts import CommitFacts
 from pgcdc_dagster.postgres.discovery import Resolution, SkippedTable
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
-CAPTURE_POOL = "pgcdc_slot"
-"""Concurrency pool around everything that reads the slot; give it a limit of 1."""
+CAPTURE_POOL = DEFAULT_NAMES.pool
+"""Concurrency pool around everything that reads the slot; give it a limit of 1 (a named
+capture's is ``<name>_pgcdc_slot``: :attr:`CaptureNames.pool`)."""
 
 DEFAULT_OWNERS = ("team:pgcdc",)
 
@@ -90,14 +82,14 @@ META_TABLES = {
 
 
 def meta_key(name: str) -> dg.AssetKey:
-    return dg.AssetKey(["bronze", "_pgcdc", name])
+    return DEFAULT_NAMES.meta_key(name)
 
 
-def slot_spec(owners: Sequence[str] = DEFAULT_OWNERS) -> dg.AssetSpec:
+def slot_spec(names: CaptureNames = DEFAULT_NAMES) -> dg.AssetSpec:
     """The replication slot every bronze asset reads (health check and lag observations)."""
     return dg.AssetSpec(
-        SLOT_KEY, group_name="source", kinds={"postgres"}, owners=list(owners),
-        tags={"pgcdc/layer": "source"},
+        names.slot_key, group_name=names.scoped("source"), kinds={"postgres"},
+        owners=list(names.owners), tags={"pgcdc/layer": "source"},
         description="The logical replication slot (pgoutput) and its publication: the "
         "position up to which the source's changes are in bronze. Its checks and "
         "observations show the lag, the WAL it retains and its wal_status.",
@@ -105,16 +97,9 @@ def slot_spec(owners: Sequence[str] = DEFAULT_OWNERS) -> dg.AssetSpec:
 
 
 def source_specs(tables: Sequence[tuple[str, str]],
-                 owners: Sequence[str] = DEFAULT_OWNERS) -> list[dg.AssetSpec]:
+                 names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetSpec]:
     """The source tables (external assets, lineage roots) and the replication slot."""
-    return [
-        dg.AssetSpec(source_key(s, t), group_name="source", kinds={"postgres"},
-                     owners=list(owners), tags=table_tags("source", s, t),
-                     metadata=table_metadata(s, t),
-                     description=f"PostgreSQL table {display_name(s, t)} (captured through "
-                     "the slot).")
-        for s, t in tables
-    ] + [slot_spec(owners)]
+    return [names.spec("source", s, t) for s, t in tables] + [slot_spec(names)]
 
 
 class BronzeConfig(dg.Config):
@@ -341,51 +326,40 @@ def committed_facts(run: BronzeRun) -> dict[str, CommitFacts]:
 
 
 def build_capture_assets(tables: Sequence[tuple[str, str]],
-                         owners: Sequence[str] = DEFAULT_OWNERS) -> list[dg.AssetsDefinition]:
+                         names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
     """The bronze and silver multi-assets for the given ``(schema, table)`` pairs.
 
-    Each spec is built once, without its deps (given to :func:`multi_asset_io` apart), and
-    the attributes every table shares are built once (issue 16: a thousand tables)."""
-    owner_list = list(owners)
+    Each spec is the translator's (:class:`~pgcdc_dagster.assets.translator.PgcdcTranslator`),
+    built once, without its deps (given to :func:`multi_asset_io` apart)."""
     deps: dict[dg.AssetKey, list[dg.AssetKey]] = {}
     bronze_specs = []
     silver_specs = []
-    bronze_kinds, silver_kinds = {"postgres", "spark", "delta"}, {"spark", "delta"}
     for s, t in tables:
-        b_key, s_key, meta = bronze_key(s, t), silver_key(s, t), table_metadata(s, t)
-        name = display_name(s, t)
-        deps[b_key] = [source_key(s, t), SLOT_KEY]
+        b_key, s_key = names.bronze(s, t), names.silver(s, t)
+        deps[b_key] = [names.source(s, t), names.slot_key]
         deps[s_key] = [b_key]
-        bronze_specs.append(dg.AssetSpec(
-            b_key, group_name="bronze", kinds=bronze_kinds, owners=owner_list,
-            tags=table_tags("bronze", s, t), metadata=meta,
-            description=f"Change events of {name} in Debezium's envelope (key, "
-            "before, after, source, op, ts_ms, transaction): one row per change, op r for the "
-            "snapshot, append-only Delta under <lakehouse>/bronze/, written exactly once per "
-            "slot window."))
-        silver_specs.append(dg.AssetSpec(
-            s_key, group_name="silver", kinds=silver_kinds, owners=owner_list,
-            tags=table_tags("silver", s, t), metadata=meta,
-            description=f"Current state of {name}: one row per key in native "
-            "Delta types, under <lakehouse>/silver/. Deleted keys stay as tombstones: read "
-            "live rows WHERE NOT __deleted."))
+        bronze_specs.append(names.spec("bronze", s, t))
+        silver_specs.append(names.spec("silver", s, t))
     for meta_name, text in META_TABLES.items():
-        deps[meta_key(meta_name)] = [SLOT_KEY]
+        deps[names.meta_key(meta_name)] = [names.slot_key]
         bronze_specs.append(dg.AssetSpec(
-            meta_key(meta_name), group_name="bronze", kinds={"postgres", "delta"},
-            owners=owner_list, tags={"pgcdc/layer": "bronze"},
+            names.meta_key(meta_name), group_name=names.scoped("bronze"),
+            kinds={"postgres", "delta"},
+            owners=list(names.owners), tags={"pgcdc/layer": "bronze"},
             description=f"{text} Append-only Delta at <lakehouse>/bronze/_pgcdc/{meta_name}, "
             "written with the windows of the bronze tables (exactly once)."))
 
-    @dg.multi_asset(name="bronze", pool=CAPTURE_POOL,
+    bronze_key, silver_key, meta_key = names.bronze, names.silver, names.meta_key
+
+    @dg.multi_asset(name=names.scoped("bronze"), pool=names.pool,
+                    required_resource_keys=names.resource_keys,
                     **multi_asset_io(bronze_specs, can_subset=False, deps=deps))
-    def bronze(context: dg.AssetExecutionContext, config: BronzeConfig,
-               postgres: PostgresResource, lakehouse: LakehouseResource,
-               capture: CaptureResource,
-               spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
+    def bronze(context: dg.AssetExecutionContext,
+               config: BronzeConfig) -> Iterator[dg.MaterializeResult[Any]]:
+        postgres, lakehouse, capture, spark = names.bound(context)
         hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
         settings = capture.settings(postgres.dsn, lakehouse.root)
-        ensure_partitions(context.instance, tables)  # incremental-snapshot backfills
+        ensure_partitions(context.instance, tables, names)  # incremental-snapshot backfills
         before = {(s, t): table_stats(lakehouse.table("bronze", s, t)) for s, t in tables}
         meta_before = {n: table_stats(lakehouse.internal(n))
                        for n in META_TABLES}
@@ -417,12 +391,12 @@ def build_capture_assets(tables: Sequence[tuple[str, str]],
                 yield dg.MaterializeResult(asset_key=meta_key(name), metadata=(
                     meta_table_metadata(run.stream, name, uri, meta_before[name], seconds)))
 
-    @dg.multi_asset(name="silver", **multi_asset_io(silver_specs, can_subset=True, deps=deps))
-    def silver(context: dg.AssetExecutionContext, postgres: PostgresResource,
-               lakehouse: LakehouseResource, capture: CaptureResource,
-               spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
+    @dg.multi_asset(name=names.scoped("silver"), required_resource_keys=names.resource_keys,
+                    **multi_asset_io(silver_specs, can_subset=True, deps=deps))
+    def silver(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
+        postgres, lakehouse, capture, spark = names.bound(context)
         settings = capture.settings(postgres.dsn, lakehouse.root)
-        selected = {table_of_key(k) for k in context.selected_asset_keys}
+        selected = {names.table_of(k) for k in context.selected_asset_keys}
         session = spark.lazy()
         reports = []
         for ctx in select_contexts(settings, selected):

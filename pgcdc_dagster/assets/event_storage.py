@@ -79,9 +79,9 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
 )
 from sqlalchemy.pool import NullPool
 
-from assets.event_batches import Batch, batch_engine
-from assets.event_memo import memo_installed, serialized_once
-from assets.event_writes import PreparedWrites, prepared_writes_usable
+from pgcdc_dagster.assets.event_batches import Batch, batch_engine
+from pgcdc_dagster.assets.event_memo import memo_installed, serialized_once
+from pgcdc_dagster.assets.event_writes import PreparedWrites, prepared_writes_usable
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log import sql_event_log
 from dagster_shared.serdes import serialize_value as _serialize_value
 
-from assets import event_prepack
+from pgcdc_dagster.assets import event_prepack
 
 _scope = threading.local()
 _install_lock = threading.Lock()

@@ -23,7 +23,7 @@ from typing import Any
 
 import dagster as dg
 
-from assets.keys import SLOT_KEY
+from pgcdc_dagster.assets.keys import SLOT_KEY
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.ops.lsn_windows import RunRange
 
@@ -40,9 +40,10 @@ SlotRuns = tuple[dict[str, tuple[int, Any]], int]
 lowest storage id they cover (0 when every observation was read)."""
 
 
-def slot_runs(instance: dg.DagsterInstance, limit: int) -> SlotRuns:
+def slot_runs(instance: dg.DagsterInstance, limit: int,
+              slot_key: dg.AssetKey = SLOT_KEY) -> SlotRuns:
     """The ranges the lean capture runs recorded on the slot (one observation per run)."""
-    records = instance.fetch_observations(SLOT_KEY, limit=limit).records
+    records = instance.fetch_observations(slot_key, limit=limit).records
     by_run: dict[str, tuple[int, Any]] = {}
     for obs in records:
         event = obs.asset_observation
@@ -169,14 +170,15 @@ def _payloads(instance: dg.DagsterInstance, storage_ids: Sequence[int]) -> dict[
 
 
 def table_runs(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey], limit: int,
-               observed: SlotRuns | None = None, recent: RecentReads | None = None
-               ) -> dict[dg.AssetKey, list[RunRange]]:
+               observed: SlotRuns | None = None, recent: RecentReads | None = None,
+               slot_key: dg.AssetKey = SLOT_KEY) -> dict[dg.AssetKey, list[RunRange]]:
     """The capture runs' ranges of each bronze table (``keys``), oldest first: the ranges
     the lean runs recorded on the slot merged with the table's own bronze materializations
     of other runs, one range per run, the last ``limit``. ``observed``: :func:`slot_runs`
     when already read; ``recent``: what this run read before (:class:`RecentReads`). A fixed
     number of instance queries whatever the number of keys."""
-    on_slot, floor = observed if observed is not None else slot_runs(instance, limit)
+    on_slot, floor = observed if observed is not None else slot_runs(instance, limit,
+                                                                     slot_key)
     recent_of = _recent_materializations(instance, keys, floor, limit, recent) if keys else {}
     # A lean run's materializations repeat the range of its observation: their payloads are
     # not needed, nor, when a table has no other, its wipe time.
