@@ -92,8 +92,8 @@ def measure(mode: str, count: int) -> dict[str, Any]:
     """One way of reporting, on a fresh instance in this process."""
     from dagster_shared.serdes import serialize_value
 
-    from assets.event_prepack import prepack
-    from assets.event_storage import (
+    from pgcdc_dagster.assets.event_prepack import prepack
+    from pgcdc_dagster.assets.event_storage import (
         engines_shared,
         event_files_held,
         files_held,
