@@ -44,6 +44,7 @@ import dagster as dg
 
 from pgcdc_dagster.assets import CAPTURE_POOL, build_capture_assets, source_specs
 from pgcdc_dagster.assets.checks import build_asset_checks
+from pgcdc_dagster.assets.factory import keep_configured
 from pgcdc_dagster.assets.incremental import build_incremental
 from pgcdc_dagster.assets.jobs import LEAN_JOBS, build_jobs, build_lean_job
 from pgcdc_dagster.assets.naming import RESOURCES, CaptureNames
@@ -215,7 +216,10 @@ def build_definitions(tables: Sequence[tuple[str, str]],
     """
     settings = settings if settings is not None else MonitorSettings.from_env(os.environ)
     names = CaptureNames(name, translator or PgcdcTranslator(), settings.owners)
-    given = dict(resources) if resources is not None else default_resources()
+    # The environment's resources keep their values under partial run config (a capture
+    # resource given only tombstones_on_delete kept topic_prefix at its default before).
+    given = dict(resources) if resources is not None else {
+        key: keep_configured(resource) for key, resource in default_resources().items()}
     resource_defs = {names.resource_key(k) if k in RESOURCES else k: v for k, v in given.items()}
     if job in LEAN_JOBS:
         return dg.Definitions(jobs=[build_lean_job(job, tables, settings, names=names)],

@@ -6,7 +6,8 @@ Two views of the same rule (design §3.8):
   list below of what touches the slot and why;
 * the source of ``pgcdc_dagster/assets/``: every Dagster-decorated function that calls an
   engine entry point which peeks, advances or drops the slot is declared with
-  ``pool=names.pool`` (the capture's pool), and no other is (so a new slot reader without the pool, or a pool on a non-reader, fails here).
+  ``pool=names.pool`` (the capture's pool), and no other is (so a new slot reader without
+  the pool, or a pool on a non-reader, fails here).
 """
 
 from __future__ import annotations
