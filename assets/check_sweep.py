@@ -42,7 +42,6 @@ from assets.checks import (
     slot_result,
     table_check_results,
 )
-from assets.event_storage import event_files_held
 from assets.keys import SLOT_KEY, bronze_key, silver_key
 from assets.run_ranges import table_runs
 from pgcdc_dagster.capture.snapshot import load_capture
@@ -101,10 +100,7 @@ def build_checks_job(name: str, tables: Sequence[tuple[str, str]],
            "windows, slot health; reported as asset check evaluations.")
     def check_sweep(context: dg.OpExecutionContext, postgres: PostgresResource,
                     lakehouse: LakehouseResource, capture: CaptureResource) -> None:
-        # Three evaluation events per table: on the default SQLite instance, each costs
-        # less while the run's event files stay open (assets/event_storage.py).
-        with event_files_held(context.instance, context.run_id):
-            sweep(context, postgres, lakehouse, capture)
+        sweep(context, postgres, lakehouse, capture)
 
     def sweep(context: dg.OpExecutionContext, postgres: PostgresResource,
               lakehouse: LakehouseResource, capture: CaptureResource) -> None:

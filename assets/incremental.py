@@ -33,16 +33,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition,
-)
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-    BACKFILL_ID_TAG,
-    PARTITION_NAME_TAG,
-    ROOT_BACKFILL_ID_TAG,
-)
 from pydantic import Field
 
 from assets.capture import (
@@ -55,7 +45,6 @@ from assets.capture import (
     bronze_column_schema,
     meta_key,
 )
-from assets.event_storage import event_files_held
 from assets.jobs import INCREMENTAL
 from assets.keys import SLOT_KEY, bronze_key, dep_ins, silver_key, source_key
 from assets.partitions import INCREMENTAL_PARTITIONS, ensure_partitions, partition_table
@@ -76,6 +65,15 @@ INCREMENTAL_JOB = INCREMENTAL
 INCREMENTAL_KEY = dg.AssetKey(["incremental", "snapshot"])
 MAX_PARTITIONS_PER_RUN = 20
 SIGNAL_TAG = "pgcdc/signal_id"
+# The run tags Dagster documents for partitioned and backfill runs (values, not its modules).
+PARTITION_NAME_TAG = "dagster/partition"
+ASSET_PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
+ASSET_PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
+BACKFILL_ID_TAG = "dagster/backfill"
+ROOT_BACKFILL_ID_TAG = "dagster/root_backfill_id"
+
+AssetJob = Any
+"""What ``dg.define_asset_job`` returns (its class is not part of Dagster's public API)."""
 """Run tag: the signal (signalling-table row) that requested the run."""
 
 
@@ -205,7 +203,7 @@ def stream_range(report: IncrementalReport) -> dict[str, Any]:
 
 def build_incremental(tables: Sequence[tuple[str, str]],
                       owners: Sequence[str] = DEFAULT_OWNERS
-                      ) -> tuple[dg.AssetsDefinition, UnresolvedAssetJobDefinition]:
+                      ) -> tuple[dg.AssetsDefinition, AssetJob]:
     """The ``incremental_snapshot`` asset and job for the captured tables."""
     captured = list(tables)
 
@@ -224,11 +222,8 @@ def build_incremental(tables: Sequence[tuple[str, str]],
                              postgres: PostgresResource, lakehouse: LakehouseResource,
                              capture: CaptureResource,
                              spark: SparkResource) -> dg.MaterializeResult[Any]:
-        # A bronze materialization per captured table: on the default SQLite instance,
-        # each costs less while the event storage is held (assets/event_storage.py).
-        with event_files_held(context.instance, context.run_id):
-            return run_incremental_snapshot(context, config, postgres, lakehouse, capture,
-                                            spark)
+        return run_incremental_snapshot(context, config, postgres, lakehouse, capture,
+                                        spark)
 
     def run_incremental_snapshot(context: dg.AssetExecutionContext,
                                  config: IncrementalConfig, postgres: PostgresResource,

@@ -3,10 +3,10 @@
 ``initial_snapshot`` and ``cdc_microbatch`` are lean op jobs (``capture_run.py``): they write
 bronze then silver and report materializations and the light checks (LSN windows, schema
 drift, slot health) of the tables they changed only, so a run's cost follows its changes, not
-the captured table count. ``capture_assets`` is the asset job over every bronze and silver
-asset and its light checks (what the UI's Materialize does): explicit materializations of a
-selection. ``capture_checks`` is a lean op job too (``check_sweep.py``): every check of every
-table, including the full silver-against-source comparison, in one op.
+the captured table count. They are the only writers of the bronze and silver assets (asset
+specs): to materialize them now, launch ``cdc_microbatch`` (or ``initial_snapshot``).
+``capture_checks`` is a lean op job too (``check_sweep.py``): every check of every table,
+including the full silver-against-source comparison, in one op.
 """
 
 from __future__ import annotations
@@ -15,19 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition,
-)
 
 from assets.capture_run import build_capture_job, build_capture_op
 from assets.check_sweep import build_checks_job
-from assets.checks import light_check_keys
 from pgcdc_dagster.ops.settings import MonitorSettings
 
 INITIAL_SNAPSHOT = "initial_snapshot"
 MICROBATCH = "cdc_microbatch"
 CAPTURE_CHECKS = "capture_checks"
-CAPTURE_ASSETS = "capture_assets"
 TEARDOWN = "teardown"
 INCREMENTAL = "incremental_snapshot"
 
@@ -46,10 +41,9 @@ class CaptureJobs:
     initial_snapshot: dg.JobDefinition
     microbatch: dg.JobDefinition
     checks: dg.JobDefinition
-    assets: UnresolvedAssetJobDefinition
 
-    def all(self) -> list[dg.JobDefinition | UnresolvedAssetJobDefinition]:
-        return [self.initial_snapshot, self.microbatch, self.checks, self.assets]
+    def all(self) -> list[dg.JobDefinition]:
+        return [self.initial_snapshot, self.microbatch, self.checks]
 
 
 def build_jobs(tables: Sequence[tuple[str, str]],
@@ -57,18 +51,7 @@ def build_jobs(tables: Sequence[tuple[str, str]],
     """The capture jobs for the given tables."""
     settings = settings if settings is not None else MonitorSettings()
     op = build_capture_op(tables, settings)
-    capture = (dg.AssetSelection.groups("bronze", "silver").without_checks()
-               | dg.AssetSelection.checks(*light_check_keys(tables)))
-    assets = dg.define_asset_job(
-        CAPTURE_ASSETS, selection=capture,
-        description="Materialize bronze and silver as assets (every captured table, or a "
-        "selection): the slot windows of every table, silver catch-up and the light checks "
-        "of the selected tables. The scheduled path is cdc_microbatch.",
-        executor_def=dg.in_process_executor,
-        tags={"pgcdc/job": CAPTURE_ASSETS},
-    )
-    return CaptureJobs(_initial_snapshot(op), _microbatch(op), _checks(tables, settings),
-                       assets)
+    return CaptureJobs(_initial_snapshot(op), _microbatch(op), _checks(tables, settings))
 
 
 LEAN_JOBS = (INITIAL_SNAPSHOT, MICROBATCH, CAPTURE_CHECKS)
@@ -113,5 +96,5 @@ def _checks(tables: Sequence[tuple[str, str]], settings: MonitorSettings) -> dg.
         tags={"pgcdc/job": CAPTURE_CHECKS})
 
 
-CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL, CAPTURE_ASSETS)
+CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL)
 """The jobs that read the slot: while one is queued or running, another would only wait."""

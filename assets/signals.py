@@ -28,12 +28,9 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 import psycopg2
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition,
-)
 from pydantic import Field
 
-from assets.incremental import SIGNAL_TAG
+from assets.incremental import SIGNAL_TAG, AssetJob
 from assets.partitions import INCREMENTAL_PARTITIONS, missing_partitions, partition_key
 from pgcdc_dagster.capture.incremental import SignalOutcome, apply_signal
 from pgcdc_dagster.cdc.dblog import Signal, SignalError, parse_signal
@@ -136,7 +133,7 @@ class ApplyFn:
 
 
 def build_signal_sensor(tables: Sequence[tuple[str, str]],
-                        job: UnresolvedAssetJobDefinition) -> dg.SensorDefinition:
+                        job: AssetJob) -> dg.SensorDefinition:
     """The signal-table sensor launching ``incremental_snapshot`` runs."""
     captured = list(tables)
 

@@ -29,7 +29,6 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 SLOT_OPS = {
     "capture": "cdc_microbatch / initial_snapshot: peeks slot windows, advances the slot, "
                "creates it in initial_snapshot",
-    "bronze": "capture_assets: peeks slot windows, advances the slot",
     "incremental__snapshot": "reads slot windows between DBLog watermarks, advances the slot",
     "check_sweep": "capture_checks: peeks the slot for changes pending since silver's LSN, "
                    "compares the slot's position with the runs' LSN ranges",
@@ -41,7 +40,6 @@ SLOT_OPS = {
 """Ops that touch the slot, by op name."""
 
 NOT_SLOT_OPS = {
-    "silver": "reads bronze Delta tables only (slot lag from pg_replication_slots for metadata)",
     "silver_schema_matches_source": "compares the catalog with the silver schema",
     "source__replication_slot_slot_healthy": "reads pg_replication_slots / pg_stat_* views",
     "apply_incremental_signal": "records a signal in the lakehouse progress store",
