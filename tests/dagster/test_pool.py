@@ -134,7 +134,7 @@ def test_assets_source_pools_exactly_the_slot_readers() -> None:
                     continue
                 reads = bool(_calls(node, siblings) & SLOT_ENTRY_POINTS)
                 seen[f"{path.name}:{node.name}"] = (reads, pooled)
-    assert {"capture.py:bronze", "capture_run.py:capture_op", "check_sweep.py:check_sweep",
+    assert {"capture_run.py:capture_op", "check_sweep.py:check_sweep",
             "incremental.py:incremental_snapshot"} <= set(seen)
     wrong = {name: state for name, state in seen.items()
              if state[1] != (state[0] or name == "checks.py:bronze_lsn_windows")}
