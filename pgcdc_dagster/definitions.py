@@ -6,37 +6,17 @@ and an unreachable source is reported in the UI as a load error naming the probl
 
 Dagster calls the loader several times in one process (``dagster job execute`` four times:
 origin, repository, job, run): the catalog is read each time, but the definitions of the same
-tables and settings are built once per process (:func:`_built`). At exit the objects left are
-frozen out of the garbage collector (:func:`_skip_exit_collection`): the interpreter's final
-collections would otherwise walk every object of Dagster and the capture once more, seconds
-under load, after the run has finished. While this module is imported the collector is paused,
-and what the import created is frozen out of its reach at the end (``startup.py``).
+tables and settings are built once per process (:func:`_built`).
 
-A process started to execute ``initial_snapshot`` whose snapshot will read chunks starts the
-Spark JVM first thing, before the rest of this module's imports (``spark/prestart.py``): it
-comes up while Dagster imports and loads the code location, creates the run and sets up the
-step (issue 16). Hence the imports after that call (E402 is ignored for this file). A process
-started to execute one run ends its Spark JVM itself at exit (``spark/release.py``).
+Importing this module changes nothing in the process (no collector, environment, warning
+filter or thread is touched; nothing is started): process-level tuning is the deployment's
+explicit choice (:func:`pgcdc_dagster.tuning.tune_process`).
 """
 
 from __future__ import annotations
 
-# First: no garbage collection during the imports, Arrow on jemalloc (startup.py).
-from pgcdc_dagster import startup  # isort: split
-
 import os
 import sys
-
-from pgcdc_dagster.spark import release
-from pgcdc_dagster.spark.prestart import job_of_process, prestart_for_process
-
-if job_of_process(sys.argv, os.environ) is not None:
-    release.enable()  # a one-run process ends its Spark JVM at exit (spark/release.py)
-prestart_for_process(sys.argv, os.environ)
-
-import atexit
-import gc
-import warnings
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
@@ -55,7 +35,6 @@ from pgcdc_dagster.assets.signals import build_signal_job, build_signal_sensor
 from pgcdc_dagster.assets.translator import PgcdcTranslator
 from pgcdc_dagster.cdc.plugins import PGOUTPUT
 from pgcdc_dagster.exceptions import ConfigurationError
-from pgcdc_dagster.lake.memory import use_returning_pool
 from pgcdc_dagster.ops.settings import MonitorSettings, parse_bytes
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
@@ -74,6 +53,7 @@ from pgcdc_dagster.resources import (
     SparkResource,
 )
 from pgcdc_dagster.resources.capture import split_list
+from pgcdc_dagster.spark.prestart import job_of_process
 from pgcdc_dagster.spark.session import check_master
 
 DEFAULT_LAKEHOUSE = "./lakehouse"
@@ -95,13 +75,6 @@ _CAPTURE_INT_ENV = {
 }
 _AT_LEAST = {"tombstone_retention_hours": 0, "vacuum_retention_hours": 1}
 """Lower bounds checked here; the engine's settings check the others (capture/settings.py)."""
-
-
-# owners= and backfill_policy= are Dagster beta parameters used on purpose; without this their
-# warnings (Dagster re-issues the owners one when it binds resources) print on every
-# `dagster job execute`. Only these two messages are silenced.
-warnings.filterwarnings("ignore", message=r"Parameter `(owners|backfill_policy)`",
-                        category=dg.BetaWarning)
 
 
 def _env_or(name: str, default: str) -> str | dg.EnvVar:
@@ -251,7 +224,6 @@ def defs() -> dg.Definitions:
             "database, e.g. PGCDC_PG_DSN='host=127.0.0.1 port=5432 dbname=app user=cdc'.")
     environment = _pgcdc_environment()
     tables = _discovered(environment)
-    use_returning_pool()  # bounded memory in the code location's processes (runs)
     return _built(tables, environment)
 
 
@@ -287,14 +259,4 @@ def _built(tables: tuple[tuple[str, str], ...],
     return build_definitions(tables, job=job_of_process(sys.argv, os.environ))
 
 
-@atexit.register
-def _skip_exit_collection() -> None:
-    """Freeze what is left so that the interpreter's exit collections skip it (the memory goes
-    back to the system with the process; nothing of the capture is left to finalize: runs
-    commit, close their connections and stop their threads before they end)."""
-    gc.freeze()
-
-
 __all__ = ["CAPTURE_POOL", "build_definitions", "defs", "discover_capture", "discover_tables"]
-
-startup.settle()

@@ -1,8 +1,9 @@
-"""Bronze and silver assets, one of each per captured table.
+"""Bronze and silver assets, one of each per captured table, and their materialization metadata.
 
-The bronze multi-asset owns the replication slot (pool ``pgcdc_slot``, size 1): it takes the
-initial snapshot when ``snapshot.mode`` asks for one and reads bounded windows. The silver
-multi-asset applies what bronze appended since silver last caught up.
+The assets are specs: one execution model writes them, the capture op of the
+``initial_snapshot`` and ``cdc_microbatch`` jobs (``capture_run.py``, pool ``pgcdc_slot`` of
+size 1), which owns the slot, writes bronze then silver, and reports a materialization of each
+table it changed (``incremental/snapshot`` reports those of the tables it re-read).
 
 Every materialization carries the numbers the UI plots over time: capture kind, LSN range,
 events by op, rows and bytes written, duration, rows/s, slot lag, Delta version, and the
@@ -12,23 +13,17 @@ table's column schema (``dagster/column_schema``).
 # No ``from __future__ import annotations`` here: Dagster reads the config and resource
 # annotations of the asset functions at definition time.
 
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
 import pyarrow as pa
 from pydantic import Field
 
-from pgcdc_dagster.assets.event_storage import event_files_held
-from pgcdc_dagster.assets.keys import multi_asset_io
 from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
-from pgcdc_dagster.assets.partitions import ensure_partitions
-from pgcdc_dagster.assets.slot_hold import hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
-from pgcdc_dagster.capture.faults import crash_point
-from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, select_contexts
-from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
+from pgcdc_dagster.capture.runner import BronzeRun
+from pgcdc_dagster.capture.silver_apply import SilverReport
 from pgcdc_dagster.capture.snapshot import SnapshotReport
 from pgcdc_dagster.capture.stream import StreamReport
 from pgcdc_dagster.capture.tables import TableContext
@@ -38,9 +33,9 @@ from pgcdc_dagster.names import display_name
 from pgcdc_dagster.ops.delta_stats import TableStats, growth, live_row_count, table_stats
 from pgcdc_dagster.ops.lsn_windows import BronzeCommit, bronze_commits
 from pgcdc_dagster.ops.schema_drift import normalise_type
-from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
+from pgcdc_dagster.ops.slot_health import SlotHealth
 from pgcdc_dagster.ops.table_facts import CommitFacts
-from pgcdc_dagster.postgres.discovery import Resolution, SkippedTable
+from pgcdc_dagster.postgres.discovery import SkippedTable
 
 CAPTURE_POOL = DEFAULT_NAMES.pool
 """Concurrency pool around everything that reads the slot; give it a limit of 1 (a named
@@ -326,95 +321,27 @@ def committed_facts(run: BronzeRun) -> dict[str, CommitFacts]:
 
 
 def build_capture_assets(tables: Sequence[tuple[str, str]],
-                         names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
-    """The bronze and silver multi-assets for the given ``(schema, table)`` pairs.
-
-    Each spec is the translator's (:class:`~pgcdc_dagster.assets.translator.PgcdcTranslator`),
-    built once, without its deps (given to :func:`multi_asset_io` apart)."""
-    deps: dict[dg.AssetKey, list[dg.AssetKey]] = {}
-    bronze_specs = []
-    silver_specs = []
+                         names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetSpec]:
+    """The bronze and silver assets of the given ``(schema, table)`` pairs, and the
+    capture-wide bronze tables: asset specs, each written by the capture op only
+    (``capture_run.py``: ``initial_snapshot``, ``cdc_microbatch``), which reports a
+    materialization for each table a run changed. Their lineage: source table and slot →
+    bronze → silver. Each table's spec is the translator's
+    (:class:`~pgcdc_dagster.assets.translator.PgcdcTranslator`)."""
+    specs = []
     for s, t in tables:
-        b_key, s_key = names.bronze(s, t), names.silver(s, t)
-        deps[b_key] = [names.source(s, t), names.slot_key]
-        deps[s_key] = [b_key]
-        bronze_specs.append(names.spec("bronze", s, t))
-        silver_specs.append(names.spec("silver", s, t))
+        b_key = names.bronze(s, t)
+        specs.append(names.spec("bronze", s, t).replace_attributes(
+            deps=[names.source(s, t), names.slot_key]))
+        specs.append(names.spec("silver", s, t).replace_attributes(deps=[b_key]))
     for meta_name, text in META_TABLES.items():
-        deps[names.meta_key(meta_name)] = [names.slot_key]
-        bronze_specs.append(dg.AssetSpec(
-            names.meta_key(meta_name), group_name=names.scoped("bronze"),
-            kinds={"postgres", "delta"},
+        specs.append(dg.AssetSpec(
+            names.meta_key(meta_name), deps=[names.slot_key],
+            group_name=names.scoped("bronze"), kinds={"postgres", "delta"},
             owners=list(names.owners), tags={"pgcdc/layer": "bronze"},
             description=f"{text} Append-only Delta at <lakehouse>/bronze/_pgcdc/{meta_name}, "
             "written with the windows of the bronze tables (exactly once)."))
-
-    bronze_key, silver_key, meta_key = names.bronze, names.silver, names.meta_key
-
-    @dg.multi_asset(name=names.scoped("bronze"), pool=names.pool,
-                    required_resource_keys=names.resource_keys,
-                    **multi_asset_io(bronze_specs, can_subset=False, deps=deps))
-    def bronze(context: dg.AssetExecutionContext,
-               config: BronzeConfig) -> Iterator[dg.MaterializeResult[Any]]:
-        postgres, lakehouse, capture, spark = names.bound(context)
-        hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
-        settings = capture.settings(postgres.dsn, lakehouse.root)
-        ensure_partitions(context.instance, tables, names)  # incremental-snapshot backfills
-        before = {(s, t): table_stats(lakehouse.table("bronze", s, t)) for s, t in tables}
-        meta_before = {n: table_stats(lakehouse.internal(n))
-                       for n in META_TABLES}
-        started = time.monotonic()
-        run = run_bronze(settings, spark.lazy(), force_snapshot_step=config.snapshot_step,
-                         only=set(tables), progress=context.log.info)
-        seconds = time.monotonic() - started
-        for note in run.notes:
-            context.log.info(note)
-        if run.skipped:
-            context.log.warning(Resolution(skipped=run.skipped).warning())
-        health = None if run.stream is not None else slot_health(postgres.dsn, capture.slot)
-        by_name = {c.relation.qualified: c for c in run.contexts}
-        # Dagster stores each result's events while this generator waits at its yield: on
-        # the default SQLite instance, cheaper while the event storage is held.
-        with event_files_held(context.instance, context.run_id):
-            for s, t in tables:
-                ctx = by_name.get((s, t))
-                if ctx is None:
-                    raise dg.Failure(f"{display_name(s, t)} is no longer captured (dropped, or "
-                                     "no longer matched by the include list): reload the code "
-                                     "location")
-                yield dg.MaterializeResult(
-                    asset_key=bronze_key(s, t),
-                    metadata={**_bronze_metadata(run, ctx, before[(s, t)], seconds, health),
-                              **skipped_metadata(run.skipped)})
-            for name in META_TABLES:
-                uri = lakehouse.internal(name)
-                yield dg.MaterializeResult(asset_key=meta_key(name), metadata=(
-                    meta_table_metadata(run.stream, name, uri, meta_before[name], seconds)))
-
-    @dg.multi_asset(name=names.scoped("silver"), required_resource_keys=names.resource_keys,
-                    **multi_asset_io(silver_specs, can_subset=True, deps=deps))
-    def silver(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
-        postgres, lakehouse, capture, spark = names.bound(context)
-        settings = capture.settings(postgres.dsn, lakehouse.root)
-        selected = {names.table_of(k) for k in context.selected_asset_keys}
-        session = spark.lazy()
-        reports = []
-        for ctx in select_contexts(settings, selected):
-            key = silver_key(*ctx.relation.qualified)
-            version, bronze_from = _previous(context.instance, key)
-            before = table_stats(ctx.silver_uri, version) if version is not None \
-                else TableStats(None)
-            reports.append((ctx, before, bronze_from, apply_silver(
-                ctx, session, settings.silver_spark_threshold_rows, settings.target_file_bytes)))
-            crash_point("after_silver_merge")  # as run_silver: the crash tests' kill point
-        health = slot_health(postgres.dsn, capture.slot)
-        with event_files_held(context.instance, context.run_id):
-            for ctx, before, bronze_from, report in reports:
-                yield dg.MaterializeResult(
-                    asset_key=silver_key(*ctx.relation.qualified),
-                    metadata=_silver_metadata(report, ctx, before, bronze_from, health))
-
-    return [bronze, silver]
+    return specs
 
 
 def _previous(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[int | None, int | None]:

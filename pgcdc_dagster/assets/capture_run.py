@@ -9,7 +9,7 @@ any work (issue 16). The op instead reports, at run time:
 * an ``AssetMaterialization`` of ``bronze/<schema>/<table>`` and ``silver/<schema>/<table>``
   for each table the run changed, with the same metadata as the assets (capture kind, LSN
   range, events by op, rows, bytes, Delta version, column schema): they appear in each
-  asset's history and metadata plots like materializations of the asset job;
+  asset's history and metadata plots (this op is the only writer of these assets);
 * the light checks (``lsn_windows_contiguous``, ``schema_matches_source``) of those tables
   and ``slot_healthy``, as ``AssetCheckEvaluation`` events of the asset checks;
 * one observation of ``source/replication_slot`` with the run's LSN range, whatever it
@@ -23,7 +23,7 @@ event; the stream starts only once they are all reported, and reports a table ag
 what it wrote to it. The slot's observation comes when the bronze step has ended.
 
 Every table's silver catches up once when the run before did not leave every silver caught up
-(it failed, or it was an asset-job, UI or incremental-snapshot run): see
+(it failed, or it was an incremental-snapshot run): see
 :func:`_silver_may_lag`.
 """
 
@@ -51,8 +51,6 @@ from pgcdc_dagster.assets.capture import (
     skipped_metadata,
 )
 from pgcdc_dagster.assets.checks import evaluation, light_check_facts, light_check_results
-from pgcdc_dagster.assets.event_prepack import prepack
-from pgcdc_dagster.assets.event_storage import event_files_held
 from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
 from pgcdc_dagster.assets.partitions import ensure_partitions
 from pgcdc_dagster.assets.run_ranges import (
@@ -76,10 +74,9 @@ from pgcdc_dagster.postgres.slot_lock import SlotLease, lease_lent
 from pgcdc_dagster.spark import release
 
 CAPTURE_OP = "capture"
-BRONZE_WRITING_JOBS = ("cdc_microbatch", "initial_snapshot", "incremental_snapshot",
-                       "capture_assets")
-"""Jobs that write bronze (``pgcdc/job`` tag values; UI materializations carry the slot-lock
-tag instead)."""
+BRONZE_WRITING_JOBS = ("cdc_microbatch", "initial_snapshot", "incremental_snapshot")
+"""Jobs that write bronze (``pgcdc/job`` tag values; a run that took the slot lock carries the
+slot-lock tag too)."""
 LEAN_JOBS = ("cdc_microbatch", "initial_snapshot")
 """The jobs of the capture op: they leave every silver caught up when they succeed."""
 _RECENT_RUNS = 50
@@ -91,9 +88,9 @@ the events (an event write waits on the instance's storage, a metadata read on D
 def _silver_may_lag(instance: dg.DagsterInstance, run_id: str,
                     names: CaptureNames = DEFAULT_NAMES) -> bool:
     """True unless the last run before this one that wrote bronze was a lean capture run that
-    succeeded: after a failed run (a crash between a bronze commit and the silver MERGE), an
-    asset-job or UI materialization (bronze possibly without silver) or an incremental
-    snapshot (which catches up only its own tables' silver), every silver catches up once.
+    succeeded: after a failed run (a crash between a bronze commit and the silver MERGE) or
+    an incremental snapshot (which catches up only its own tables' silver), every silver
+    catches up once.
     A few run records are read, whatever the table count; a named capture's own only."""
     only = dg.RunsFilter(tags={"pgcdc/capture": names.name}) if names.name else None
     lean = {names.scoped(job) for job in LEAN_JOBS}
@@ -137,10 +134,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]], settings: MonitorSetting
            "into bronze (exactly once), merge the changed tables' silver, advance the slot; "
            "report materializations and light checks of the tables changed.")
     def capture_op(context: dg.OpExecutionContext, config: BronzeConfig) -> None:
-        # Four events per changed table: on the default SQLite instance, each costs half
-        # as much while the run's event files stay open (assets/event_storage.py).
-        with event_files_held(context.instance, context.run_id):
-            run_capture(context, config)
+        run_capture(context, config)
 
     def run_capture(context: dg.OpExecutionContext, config: BronzeConfig) -> None:
         postgres, lakehouse, capture, spark = names.bound(context)
@@ -321,14 +315,14 @@ class _Reporter:
             key = bronze_key(*ctx.relation.qualified)
             with shared_reads():  # each table opened once for its metadata (issue 16)
                 before = _before(bronze_before[key][0], ctx.bronze_uri)
-                return prepack(dg.AssetMaterialization(asset_key=key, metadata={
+                return dg.AssetMaterialization(asset_key=key, metadata={
                     **_bronze_metadata(stream_only if ctx.name in self.early else run,
                                        ctx, before, seconds,
                                        None if run.stream is not None else health),
-                    **skipped_metadata(run.skipped)}))
+                    **skipped_metadata(run.skipped)})
 
-        # The tables' metadata is read, and each event built and packed for serialization
-        # (assets/event_prepack.py), by worker threads while this one writes the events.
+        # The tables' metadata is read, and each event built, by worker threads while this
+        # one writes the events.
         with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
             for event in pool.map(bronze_event, changed):
                 context.log_event(event)
@@ -348,10 +342,10 @@ class _Reporter:
             created = snapped.facts.bronze if snapped is not None else None
             with shared_reads():
                 known = snapped.silver_stats if snapped is not None else None
-                return prepack(dg.AssetMaterialization(asset_key=key, metadata=_silver_metadata(
+                return dg.AssetMaterialization(asset_key=key, metadata=_silver_metadata(
                     report, ctx, _before(version, ctx.silver_uri), bronze_from, health,
                     known if known is not None and known.version == report.silver_version
-                    else None, created.commits if created is not None else None)))
+                    else None, created.commits if created is not None else None))
 
         with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
             for event in pool.map(silver_event, applied):

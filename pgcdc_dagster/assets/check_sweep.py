@@ -41,7 +41,6 @@ from pgcdc_dagster.assets.checks import (
     slot_result,
     table_check_results,
 )
-from pgcdc_dagster.assets.event_storage import event_files_held
 from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
 from pgcdc_dagster.assets.run_ranges import table_runs
 from pgcdc_dagster.capture.snapshot import load_capture
@@ -101,10 +100,7 @@ def build_checks_job(name: str, tables: Sequence[tuple[str, str]],
            "the source (one slot lock, snapshot and peek for all), schema drift, bronze LSN "
            "windows, slot health; reported as asset check evaluations.")
     def check_sweep(context: dg.OpExecutionContext) -> None:
-        # Three evaluation events per table: on the default SQLite instance, each costs
-        # less while the run's event files stay open (assets/event_storage.py).
-        with event_files_held(context.instance, context.run_id):
-            sweep(context)
+        sweep(context)
 
     def sweep(context: dg.OpExecutionContext) -> None:
         postgres, lakehouse, capture, _ = names.bound(context)

@@ -26,7 +26,6 @@ import psycopg2
 import pyarrow as pa
 from deltalake.exceptions import DeltaError
 
-from pgcdc_dagster.assets.event_storage import event_files_held
 from pgcdc_dagster.assets.keys import multi_check
 from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
 from pgcdc_dagster.assets.run_ranges import RecentReads, SlotRuns, table_runs
@@ -97,8 +96,8 @@ RunContexts = tuple[dict[tuple[str, str], TableContext], dict[tuple[str, str], S
 
 _RUN_CONTEXTS: dict[str, RunContexts] = {}
 """The contexts of the run in progress: the check steps of one run of the check definitions
-(the UI's *Execute* of several checks, ``capture_assets``' light checks; ``capture_checks`` is
-one op of its own, ``check_sweep.py``) load them once, not once per step."""
+(the UI's *Execute* of several checks; ``capture_checks`` is one op of its own,
+``check_sweep.py``) load them once, not once per step."""
 
 
 def _run_contexts(run_id: str, settings: CaptureSettings) -> RunContexts:
@@ -134,22 +133,18 @@ def _per_table(context: dg.AssetCheckExecutionContext, postgres: PostgresResourc
         for key in keys:
             yield not_evaluated(key, explain_error(exc, redact))
         return
-    # Dagster stores each evaluation while this generator waits at its yield: on the
-    # default SQLite instance, cheaper while the event storage is held.
-    op_context = context.op_execution_context
-    with event_files_held(op_context.instance, op_context.run_id):
-        for key in keys:
-            ctx = contexts.get(_table(key))
-            if ctx is None:
-                why = left_out.get(_table(key))  # e.g. SELECT revoked: the reason, the GRANT
-                yield not_evaluated(key, why.describe() if why is not None else
-                                     f"{display_name(*_table(key))} is no longer captured "
-                                     "(dropped, or not matched by the include list)")
-                continue
-            try:
-                yield evaluate(key, ctx)
-            except EXPECTED_ERRORS as exc:
-                yield not_evaluated(key, explain_error(exc, redact))
+    for key in keys:
+        ctx = contexts.get(_table(key))
+        if ctx is None:
+            why = left_out.get(_table(key))  # e.g. SELECT revoked: the reason, the GRANT
+            yield not_evaluated(key, why.describe() if why is not None else
+                                 f"{display_name(*_table(key))} is no longer captured "
+                                 "(dropped, or not matched by the include list)")
+            continue
+        try:
+            yield evaluate(key, ctx)
+        except EXPECTED_ERRORS as exc:
+            yield not_evaluated(key, explain_error(exc, redact))
 
 
 def evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:

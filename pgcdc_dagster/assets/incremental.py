@@ -33,16 +33,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition,
-)
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-    BACKFILL_ID_TAG,
-    PARTITION_NAME_TAG,
-    ROOT_BACKFILL_ID_TAG,
-)
 from pydantic import Field
 
 from pgcdc_dagster.assets.capture import (
@@ -52,7 +42,6 @@ from pgcdc_dagster.assets.capture import (
     _silver_metadata,
     bronze_column_schema,
 )
-from pgcdc_dagster.assets.event_storage import event_files_held
 from pgcdc_dagster.assets.jobs import INCREMENTAL
 from pgcdc_dagster.assets.keys import dep_ins
 from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
@@ -73,6 +62,15 @@ INCREMENTAL_JOB = INCREMENTAL
 INCREMENTAL_KEY = DEFAULT_NAMES.incremental_key
 MAX_PARTITIONS_PER_RUN = 20
 SIGNAL_TAG = "pgcdc/signal_id"
+# The run tags Dagster documents for partitioned and backfill runs (values, not its modules).
+PARTITION_NAME_TAG = "dagster/partition"
+ASSET_PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
+ASSET_PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
+BACKFILL_ID_TAG = "dagster/backfill"
+ROOT_BACKFILL_ID_TAG = "dagster/root_backfill_id"
+
+AssetJob = Any
+"""What ``dg.define_asset_job`` returns (its class is not part of Dagster's public API)."""
 """Run tag: the signal (signalling-table row) that requested the run."""
 
 
@@ -202,7 +200,7 @@ def stream_range(report: IncrementalReport) -> dict[str, Any]:
 
 def build_incremental(tables: Sequence[tuple[str, str]], *,
                       names: CaptureNames = DEFAULT_NAMES
-                      ) -> tuple[dg.AssetsDefinition, UnresolvedAssetJobDefinition]:
+                      ) -> tuple[dg.AssetsDefinition, AssetJob]:
     """The ``incremental_snapshot`` asset and job for the captured tables."""
     captured = list(tables)
     incremental_key = names.incremental_key
@@ -222,10 +220,7 @@ def build_incremental(tables: Sequence[tuple[str, str]], *,
         "caught up. Progress is durable per chunk: retrying a failed partition resumes it.")
     def incremental_snapshot(context: dg.AssetExecutionContext,
                              config: IncrementalConfig) -> dg.MaterializeResult[Any]:
-        # A bronze materialization per captured table: on the default SQLite instance,
-        # each costs less while the event storage is held (assets/event_storage.py).
-        with event_files_held(context.instance, context.run_id):
-            return run_incremental_snapshot(context, config)
+        return run_incremental_snapshot(context, config)
 
     def run_incremental_snapshot(context: dg.AssetExecutionContext,
                                  config: IncrementalConfig) -> dg.MaterializeResult[Any]:

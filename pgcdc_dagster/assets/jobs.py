@@ -3,10 +3,10 @@
 ``initial_snapshot`` and ``cdc_microbatch`` are lean op jobs (``capture_run.py``): they write
 bronze then silver and report materializations and the light checks (LSN windows, schema
 drift, slot health) of the tables they changed only, so a run's cost follows its changes, not
-the captured table count. ``capture_assets`` is the asset job over every bronze and silver
-asset and its light checks (what the UI's Materialize does): explicit materializations of a
-selection. ``capture_checks`` is a lean op job too (``check_sweep.py``): every check of every
-table, including the full silver-against-source comparison, in one op.
+the captured table count. They are the only writers of the bronze and silver assets (asset
+specs): to materialize them now, launch ``cdc_microbatch`` (or ``initial_snapshot``).
+``capture_checks`` is a lean op job too (``check_sweep.py``): every check of every table,
+including the full silver-against-source comparison, in one op.
 """
 
 from __future__ import annotations
@@ -15,21 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition,
-)
 
-from pgcdc_dagster.assets.capture import META_TABLES
 from pgcdc_dagster.assets.capture_run import build_capture_job, build_capture_op
 from pgcdc_dagster.assets.check_sweep import build_checks_job
-from pgcdc_dagster.assets.checks import light_check_keys
 from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
 from pgcdc_dagster.ops.settings import MonitorSettings
 
 INITIAL_SNAPSHOT = "initial_snapshot"
 MICROBATCH = "cdc_microbatch"
 CAPTURE_CHECKS = "capture_checks"
-CAPTURE_ASSETS = "capture_assets"
 TEARDOWN = "teardown"
 INCREMENTAL = "incremental_snapshot"
 
@@ -48,10 +42,9 @@ class CaptureJobs:
     initial_snapshot: dg.JobDefinition
     microbatch: dg.JobDefinition
     checks: dg.JobDefinition
-    assets: UnresolvedAssetJobDefinition
 
-    def all(self) -> list[dg.JobDefinition | UnresolvedAssetJobDefinition]:
-        return [self.initial_snapshot, self.microbatch, self.checks, self.assets]
+    def all(self) -> list[dg.JobDefinition]:
+        return [self.initial_snapshot, self.microbatch, self.checks]
 
 
 def capture_jobs(names: CaptureNames = DEFAULT_NAMES) -> tuple[str, ...]:
@@ -70,21 +63,8 @@ def build_jobs(tables: Sequence[tuple[str, str]],
     """The capture jobs for the given tables."""
     settings = settings if settings is not None else MonitorSettings()
     op = build_capture_op(tables, settings, names=names)
-    # by keys, never by group names: a translator may group the assets as it likes
-    layers = [k for s, t in tables for k in (names.bronze(s, t), names.silver(s, t))]
-    capture = (dg.AssetSelection.assets(*layers, *(names.meta_key(m) for m in META_TABLES))
-               .without_checks()
-               | dg.AssetSelection.checks(*light_check_keys(tables, names)))
-    assets = dg.define_asset_job(
-        names.scoped(CAPTURE_ASSETS), selection=capture,
-        description="Materialize bronze and silver as assets (every captured table, or a "
-        "selection): the slot windows of every table, silver catch-up and the light checks "
-        "of the selected tables. The scheduled path is cdc_microbatch.",
-        executor_def=dg.in_process_executor,
-        tags=job_tags(CAPTURE_ASSETS, names),
-    )
     return CaptureJobs(_initial_snapshot(op, names), _microbatch(op, names),
-                       _checks(tables, settings, names), assets)
+                       _checks(tables, settings, names))
 
 
 LEAN_JOBS = (INITIAL_SNAPSHOT, MICROBATCH, CAPTURE_CHECKS)
@@ -131,5 +111,5 @@ def _checks(tables: Sequence[tuple[str, str]], settings: MonitorSettings,
         tags=job_tags(CAPTURE_CHECKS, names))
 
 
-CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL, CAPTURE_ASSETS)
+CAPTURE_JOBS = (MICROBATCH, INITIAL_SNAPSHOT, INCREMENTAL)
 """The jobs that read the slot: while one is queued or running, another would only wait."""

@@ -7,7 +7,7 @@ name them with :func:`pgcdc_dagster.names.identifier`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -71,30 +71,6 @@ def _name(key: dg.AssetKey) -> str:
 def dep_ins(deps: Iterable[dg.AssetKey]) -> dict[str, dg.AssetIn]:
     return {_name(k): dg.AssetIn(key=k, dagster_type=dg.Nothing)
             for k in dict.fromkeys(deps)}
-
-
-def multi_asset_io(specs: Sequence[dg.AssetSpec], *, can_subset: bool,
-                   deps: Mapping[dg.AssetKey, Sequence[dg.AssetKey]] | None = None
-                   ) -> dict[str, Any]:
-    """``outs``, ``ins`` and ``internal_asset_deps`` of a multi-asset of ``specs``, with
-    input and output names that do not collide (``@multi_asset(**multi_asset_io(...))``).
-
-    ``deps``: each spec's upstream keys when the specs are built without them (each spec
-    then built once, not copied without its deps: thousands of tables, issue 16)."""
-    outs: dict[str, dg.AssetOut] = {}
-    internal: dict[str, set[dg.AssetKey]] = {}
-    for spec in specs:
-        name = _name(spec.key)
-        if deps is None:
-            upstream = {d.asset_key for d in spec.deps}
-            spec = spec.replace_attributes(deps=[])
-        else:
-            upstream = set(deps.get(spec.key, ()))
-        outs[name] = dg.AssetOut.from_spec(spec, dagster_type=dg.Nothing,
-                                           is_required=not can_subset)
-        internal[name] = upstream
-    ins = dep_ins(k for keys in internal.values() for k in sorted(keys, key=str))
-    return {"outs": outs, "ins": ins, "internal_asset_deps": internal, "can_subset": can_subset}
 
 
 def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | None = None,

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 import dagster as dg
 from pydantic import Field
 
-from pgcdc_dagster.assets.event_storage import event_files_held
 from pgcdc_dagster.assets.jobs import TEARDOWN, job_tags
 from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
 from pgcdc_dagster.exceptions import ConfigurationError
@@ -111,19 +110,17 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]],
                              "(0 purges every tombstone)", allow_retries=False)
         cutoff_ms = int((time.time() - hours * 3600) * 1000)
         total = 0
-        # One observation per table: cheaper while the event storage is held.
-        with event_files_held(context.instance, context.run_id):
-            for schema, table in tables:
-                uri = table_uri(lakehouse.root, "silver", schema, table)
-                app_id = f"{settings.app_prefix}:silver:{schema}.{table}"
-                purged = purge_tombstones(uri, cutoff_ms, app_id=app_id)
-                total += purged
-                if purged:
-                    context.log.info(f"silver {display_name(schema, table)}: {purged} "
-                                     f"tombstones older than {hours} h purged")
-                context.log_event(dg.AssetObservation(
-                    asset_key=names.silver(schema, table),
-                    metadata={"tombstones_purged": purged, "retention_hours": hours}))
+        for schema, table in tables:
+            uri = table_uri(lakehouse.root, "silver", schema, table)
+            app_id = f"{settings.app_prefix}:silver:{schema}.{table}"
+            purged = purge_tombstones(uri, cutoff_ms, app_id=app_id)
+            total += purged
+            if purged:
+                context.log.info(f"silver {display_name(schema, table)}: {purged} "
+                                 f"tombstones older than {hours} h purged")
+            context.log_event(dg.AssetObservation(
+                asset_key=names.silver(schema, table),
+                metadata={"tombstones_purged": purged, "retention_hours": hours}))
         context.log.info(f"{total} tombstones purged in {len(tables)} silver tables")
 
     @dg.op(tags={"pgcdc/operation": "upkeep"}, ins={"after_purge": dg.In(dg.Nothing)},
@@ -141,36 +138,34 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]],
                 "of running micro-batches must outlive it) and 1024 bytes",
                 allow_retries=False)
         rewritten = 0
-        # Two observations per table: cheaper while the event storage is held.
-        with event_files_held(context.instance, context.run_id):
-            for schema, table in tables:
-                for layer in upkeep_table(lakehouse.root, schema, table,
-                                          app_prefix=settings.app_prefix,
-                                          target_bytes=capture.target_file_bytes,
-                                          retention_hours=capture.vacuum_retention_hours):
-                    done = layer.compaction
-                    rewritten += done.bytes_added
-                    if done.conflicts:
-                        context.log.info(f"{layer.layer} {schema}.{table}: {done.conflicts} "
-                                         "compaction groups lost a commit race with a "
-                                         "micro-batch; they are retried next run")
-                    last = layer.last_compaction_ms
-                    context.log_event(dg.AssetObservation(
-                        asset_key=names.key(layer.layer, schema, table),  # type: ignore[arg-type]
-                        metadata={
-                            "files": layer.files,
-                            "bytes": layer.bytes,
-                            "live_rows": layer.live_rows,
-                            "bytes_rewritten": done.bytes_added,
-                            "files_compacted": done.files_removed,
-                            "files_written": done.files_added,
-                            "compaction_conflicts": done.conflicts,
-                            "vacuumed_files": layer.vacuumed_files,
-                            "checkpoint_version": layer.checkpoint_version or 0,
-                            "last_compaction": dg.MetadataValue.timestamp(last / 1000)
-                            if last is not None else "never",
-                            **({"note": layer.note} if layer.note else {}),
-                        }))
+        for schema, table in tables:
+            for layer in upkeep_table(lakehouse.root, schema, table,
+                                      app_prefix=settings.app_prefix,
+                                      target_bytes=capture.target_file_bytes,
+                                      retention_hours=capture.vacuum_retention_hours):
+                done = layer.compaction
+                rewritten += done.bytes_added
+                if done.conflicts:
+                    context.log.info(f"{layer.layer} {schema}.{table}: {done.conflicts} "
+                                     "compaction groups lost a commit race with a "
+                                     "micro-batch; they are retried next run")
+                last = layer.last_compaction_ms
+                context.log_event(dg.AssetObservation(
+                    asset_key=names.key(layer.layer, schema, table),  # type: ignore[arg-type]
+                    metadata={
+                        "files": layer.files,
+                        "bytes": layer.bytes,
+                        "live_rows": layer.live_rows,
+                        "bytes_rewritten": done.bytes_added,
+                        "files_compacted": done.files_removed,
+                        "files_written": done.files_added,
+                        "compaction_conflicts": done.conflicts,
+                        "vacuumed_files": layer.vacuumed_files,
+                        "checkpoint_version": layer.checkpoint_version or 0,
+                        "last_compaction": dg.MetadataValue.timestamp(last / 1000)
+                        if last is not None else "never",
+                        **({"note": layer.note} if layer.note else {}),
+                    }))
         context.log.info(f"upkeep of {len(tables)} tables: {rewritten} bytes rewritten")
 
     @dg.job(name=names.scoped(MAINTENANCE), executor_def=dg.in_process_executor,

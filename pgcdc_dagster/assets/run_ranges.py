@@ -5,8 +5,8 @@ records hold them:
 
 * each lean capture run (``cdc_microbatch``, ``initial_snapshot``) records one observation of
   ``source/replication_slot`` with its range, whatever tables it changed;
-* asset-job and incremental-snapshot runs record the range on the bronze materializations of
-  the tables they wrote.
+* incremental-snapshot runs record the range on the bronze materializations of the tables
+  they wrote.
 
 A sweep over many tables reads them in a fixed number of instance queries, not one per table
 (issue 16): the slot's observations; the materialization events since the oldest of them,

@@ -9,7 +9,6 @@ persists in the instance.
 # No ``from __future__ import annotations``: Dagster reads the context annotation.
 
 import dagster as dg
-from dagster._utils.schedules import is_valid_cron_schedule
 
 from pgcdc_dagster.assets.jobs import CaptureJobs, capture_jobs
 from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
@@ -23,10 +22,12 @@ MAINTENANCE_SCHEDULE = "silver_maintenance_schedule"
 
 
 def _cron(value: str, env: str) -> str:
-    if not is_valid_cron_schedule(value):
+    try:  # Dagster's own validation, through its public definition API
+        dg.ScheduleDefinition(name="pgcdc_cron_probe", cron_schedule=value, job_name="probe")
+    except dg.DagsterInvalidDefinitionError:
         raise ConfigurationError(
             f"{env} = {value!r} is not a cron schedule; write e.g. '*/5 * * * *' (every 5 "
-            "minutes)")
+            "minutes)") from None
     return value
 
 

@@ -28,12 +28,9 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 import psycopg2
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition,
-)
 from pydantic import Field
 
-from pgcdc_dagster.assets.incremental import SIGNAL_TAG
+from pgcdc_dagster.assets.incremental import SIGNAL_TAG, AssetJob
 from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
 from pgcdc_dagster.assets.partitions import missing_partitions, partition_key
 from pgcdc_dagster.capture.incremental import SignalOutcome, apply_signal
@@ -137,7 +134,7 @@ class ApplyFn:
 
 
 def build_signal_sensor(tables: Sequence[tuple[str, str]],
-                        job: UnresolvedAssetJobDefinition, *,
+                        job: AssetJob, *,
                         names: CaptureNames = DEFAULT_NAMES) -> dg.SensorDefinition:
     """The signal-table sensor launching ``incremental_snapshot`` runs."""
     captured = list(tables)

@@ -244,7 +244,7 @@ def test_a_process_executing_one_lean_job_builds_that_job_only(monkeypatch) -> N
             assert lean.resolve_job_def(job).get_job_snapshot_id() == \
                 full.resolve_job_def(job).get_job_snapshot_id()
     for argv in (["dagster", "job", "execute", "-m", "pgcdc_dagster.definitions", "-j",
-                  "capture_assets"], ["dagster", "dev"], ["pytest"]):
+                  "incremental_snapshot"], ["dagster", "dev"], ["pytest"]):
         monkeypatch.setattr(sys, "argv", argv)
         built = definitions._built.__wrapped__(tuple(tables), ())  # type: ignore[attr-defined]
         assert len(list(built.resolve_all_asset_keys())) == \

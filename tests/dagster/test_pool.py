@@ -35,7 +35,6 @@ ASSETS = Path(__file__).resolve().parents[2] / "pgcdc_dagster" / "assets"
 SLOT_OPS = {
     "capture": "cdc_microbatch / initial_snapshot: peeks slot windows, advances the slot, "
                "creates it in initial_snapshot",
-    "bronze": "capture_assets: peeks slot windows, advances the slot",
     "incremental__snapshot": "reads slot windows between DBLog watermarks, advances the slot",
     "check_sweep": "capture_checks: peeks the slot for changes pending since silver's LSN, "
                    "compares the slot's position with the runs' LSN ranges",
@@ -47,7 +46,6 @@ SLOT_OPS = {
 """Ops that touch the slot, by op name."""
 
 NOT_SLOT_OPS = {
-    "silver": "reads bronze Delta tables only (slot lag from pg_replication_slots for metadata)",
     "silver_schema_matches_source": "compares the catalog with the silver schema",
     "source__replication_slot_slot_healthy": "reads pg_replication_slots / pg_stat_* views",
     "apply_incremental_signal": "records a signal in the lakehouse progress store",
@@ -142,7 +140,7 @@ def test_assets_source_pools_exactly_the_slot_readers() -> None:
                     continue
                 reads = bool(_calls(node, siblings) & SLOT_ENTRY_POINTS)
                 seen[f"{path.name}:{node.name}"] = (reads, pooled)
-    assert {"capture.py:bronze", "capture_run.py:capture_op", "check_sweep.py:check_sweep",
+    assert {"capture_run.py:capture_op", "check_sweep.py:check_sweep",
             "incremental.py:incremental_snapshot"} <= set(seen)
     wrong = {name: state for name, state in seen.items()
              if state[1] != (state[0] or name == "checks.py:bronze_lsn_windows")}
