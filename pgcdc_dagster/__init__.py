@@ -37,3 +37,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["PgcdcComponent", "PgcdcTableProps", "PgcdcTranslator", "pgcdc_definitions"]
+
+
+def __dir__() -> list[str]:
+    """The public names too (``dg`` lists the package's components by them)."""
+    return sorted({*globals(), *_EXPORTS})

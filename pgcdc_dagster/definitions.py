@@ -1,8 +1,10 @@
 """Composition root: the Dagster definitions of this project.
 
 ``defs`` is loaded lazily (``@dg.definitions``): the include list is resolved against the
-source catalog when the code location loads, not at import, so a reload picks up new tables
-and an unreachable source is reported in the UI as a load error naming the problem.
+source catalog when the code location loads, not at import, so a reload picks up new tables.
+A source that does not answer never fails the load: the tables cached in ``PGCDC_CATALOG``
+(written by every load that reached the source) are used, or none, and capture runs fail
+naming the source (:mod:`pgcdc_dagster.assets.catalog`).
 
 Dagster calls the loader several times in one process (``dagster job execute`` four times:
 origin, repository, job, run): the catalog is read each time, but the definitions of the same
@@ -23,6 +25,7 @@ from functools import lru_cache
 import dagster as dg
 
 from pgcdc_dagster.assets import CAPTURE_POOL, build_capture_assets, source_specs
+from pgcdc_dagster.assets.catalog import resolve_tables
 from pgcdc_dagster.assets.checks import build_asset_checks
 from pgcdc_dagster.assets.factory import keep_configured
 from pgcdc_dagster.assets.incremental import build_incremental
@@ -36,7 +39,7 @@ from pgcdc_dagster.assets.translator import PgcdcTranslator
 from pgcdc_dagster.cdc.plugins import PGOUTPUT
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.ops.settings import MonitorSettings, parse_bytes
-from pgcdc_dagster.postgres.connection import connection
+from pgcdc_dagster.postgres.connection import connection, describe_dsn
 from pgcdc_dagster.postgres.discovery import (
     KeyFor,
     Resolution,
@@ -238,8 +241,15 @@ def _discovered(environment: tuple[tuple[str, str], ...]) -> tuple[tuple[str, st
     """
     env = dict(environment)
     include = split_list(env.get("PGCDC_TABLES", ""))
-    return tuple(discover_tables(env["PGCDC_PG_DSN"], include,
-                                 plugin=env.get("PGCDC_PLUGIN_NAME") or PGOUTPUT))
+
+    def discover() -> list[tuple[str, str]]:
+        return discover_tables(env["PGCDC_PG_DSN"], include,
+                               plugin=env.get("PGCDC_PLUGIN_NAME") or PGOUTPUT)
+
+    # A source that does not answer never fails the load (the tables cached in
+    # PGCDC_CATALOG, or none): capture runs fail naming it instead.
+    return tuple(resolve_tables(discover, env.get("PGCDC_CATALOG") or None,
+                                f"({describe_dsn(env['PGCDC_PG_DSN'])})"))
 
 
 def _pgcdc_environment() -> tuple[tuple[str, str], ...]:

@@ -129,7 +129,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]], settings: MonitorSetting
     """The ``capture`` op over ``tables`` (one definition, shared by the capture jobs)."""
     captured = list(tables)
 
-    @dg.op(name=CAPTURE_OP, pool=names.pool, required_resource_keys=names.resource_keys,
+    @dg.op(name=names.scoped(CAPTURE_OP), pool=names.pool, required_resource_keys=names.resource_keys,
            description="Snapshot when snapshot.mode asks for it, read bounded slot windows "
            "into bronze (exactly once), merge the changed tables' silver, advance the slot; "
            "report materializations and light checks of the tables changed.")
@@ -139,6 +139,11 @@ def build_capture_op(tables: Sequence[tuple[str, str]], settings: MonitorSetting
     def run_capture(context: dg.OpExecutionContext, config: BronzeConfig) -> None:
         postgres, lakehouse, capture, spark = names.bound(context)
         lease = hold_slot_for_run(context, capture, postgres.dsn)  # one reader, whole run
+        if not captured:  # loaded while the source did not answer (assets/catalog.py)
+            raise dg.Failure(f"the definitions capture no table: the code location was loaded "
+                             f"while the source ({postgres.describe()}) could not be read and "
+                             "no catalog was cached; reload the code location",
+                             allow_retries=False)
         instance = context.instance
         cap = capture.settings(postgres.dsn, lakehouse.root)
         ensure_partitions(instance, captured, names)  # incremental-snapshot backfills
@@ -371,7 +376,8 @@ def build_capture_job(name: str, op: dg.OpDefinition, *, snapshot_step: bool,
                       description: str, names: CaptureNames = DEFAULT_NAMES
                       ) -> dg.JobDefinition:
     """A lean capture job (``cdc_microbatch`` or ``initial_snapshot``) of the capture op."""
-    run_config: dict[str, Any] = {"ops": {CAPTURE_OP: {"config": {"snapshot_step": True}}}} \
+    run_config: dict[str, Any] = {"ops": {names.scoped(CAPTURE_OP): {"config": {
+        "snapshot_step": True}}}} \
         if snapshot_step else {}
 
     @dg.job(name=names.scoped(name), description=description, config=run_config,

@@ -95,7 +95,7 @@ def build_checks_job(name: str, tables: Sequence[tuple[str, str]],
     """The ``capture_checks`` op job over ``tables``."""
     swept = list(tables)
 
-    @dg.op(name=SWEEP_OP, pool=names.pool, required_resource_keys=names.resource_keys,
+    @dg.op(name=names.scoped(SWEEP_OP), pool=names.pool, required_resource_keys=names.resource_keys,
            description="Every check of every captured table and of the slot: silver against "
            "the source (one slot lock, snapshot and peek for all), schema drift, bronze LSN "
            "windows, slot health; reported as asset check evaluations.")

@@ -64,7 +64,8 @@ def build_teardown_job(names: CaptureNames = DEFAULT_NAMES) -> dg.JobDefinition:
             "retained_bytes_released": report.retained_bytes_released,
         }))
 
-    @dg.op(pool=names.pool, tags={"pgcdc/operation": "teardown"},
+    @dg.op(name=names.scoped("drop_slot_and_publication"), pool=names.pool,
+           tags={"pgcdc/operation": "teardown"},
            required_resource_keys=names.resource_keys,
            description="Drop the replication slot and the publication (after confirmation).")
     def drop_slot_and_publication(context: dg.OpExecutionContext,
@@ -97,7 +98,8 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]],
     a silver merge committing at the same moment makes one of the two Delta commits fail
     with a conflict, and a rerun of the failed one is safe (neither is half-applied).
     """
-    @dg.op(tags={"pgcdc/operation": "tombstone_purge"}, out=dg.Out(dg.Nothing),
+    @dg.op(name=names.scoped("purge_silver_tombstones"),
+           tags={"pgcdc/operation": "tombstone_purge"}, out=dg.Out(dg.Nothing),
            required_resource_keys=names.resource_keys,
            description="Delete silver tombstones (__deleted rows) whose delete committed more "
            "than tombstone_retention_hours ago.")
@@ -123,7 +125,8 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]],
                 metadata={"tombstones_purged": purged, "retention_hours": hours}))
         context.log.info(f"{total} tombstones purged in {len(tables)} silver tables")
 
-    @dg.op(tags={"pgcdc/operation": "upkeep"}, ins={"after_purge": dg.In(dg.Nothing)},
+    @dg.op(name=names.scoped("compact_vacuum_checkpoint"),
+           tags={"pgcdc/operation": "upkeep"}, ins={"after_purge": dg.In(dg.Nothing)},
            required_resource_keys=names.resource_keys,
            description="Compact bronze and silver data files to target_file_bytes (silver "
            "kept clustered by key), vacuum files removed more than vacuum_retention_hours "

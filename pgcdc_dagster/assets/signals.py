@@ -195,7 +195,8 @@ class SignalConfig(dg.Config):
 def build_signal_job(names: CaptureNames = DEFAULT_NAMES) -> dg.JobDefinition:
     """The job that sends a signal through Dagster."""
 
-    @dg.op(tags={"pgcdc/operation": "signal"}, required_resource_keys=names.resource_keys,
+    @dg.op(name=names.scoped("apply_incremental_signal"), tags={"pgcdc/operation": "signal"},
+           required_resource_keys=names.resource_keys,
            description="Apply one incremental-snapshot signal (Dagster channel).")
     def apply_incremental_signal(context: dg.OpExecutionContext, config: SignalConfig) -> None:
         _apply(context, config, names)
