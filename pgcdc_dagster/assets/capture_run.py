@@ -129,7 +129,8 @@ def build_capture_op(tables: Sequence[tuple[str, str]], settings: MonitorSetting
     """The ``capture`` op over ``tables`` (one definition, shared by the capture jobs)."""
     captured = list(tables)
 
-    @dg.op(name=names.scoped(CAPTURE_OP), pool=names.pool, required_resource_keys=names.resource_keys,
+    @dg.op(name=names.scoped(CAPTURE_OP), pool=names.pool,
+           required_resource_keys=names.resource_keys,
            description="Snapshot when snapshot.mode asks for it, read bounded slot windows "
            "into bronze (exactly once), merge the changed tables' silver, advance the slot; "
            "report materializations and light checks of the tables changed.")

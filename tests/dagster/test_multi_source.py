@@ -139,7 +139,7 @@ def test_two_sources_through_the_factory(pg_dsn, second_pg_dsn, tmp_path, monkey
 
 def test_two_sources_through_the_component(pg_dsn, second_pg_dsn, tmp_path, monkeypatch
                                            ) -> None:
-    """``dg scaffold defs`` twice, the defs.yaml edited, ``dg check defs``; then the project's
+    """``dg scaffold defs``, two defs.yaml edited, ``dg check defs``; then the project's
     definitions capture both sources into one instance."""
     project = tmp_path / "userproj"
     (project / "src" / "userproj" / "defs").mkdir(parents=True)
@@ -149,6 +149,10 @@ def test_two_sources_through_the_component(pg_dsn, second_pg_dsn, tmp_path, monk
         'registry_modules = ["pgcdc_dagster"]\n')
     (project / "src" / "userproj" / "__init__.py").write_text("")
     (project / "src" / "userproj" / "defs" / "__init__.py").write_text("")
+    (project / "src" / "userproj" / "definitions.py").write_text(
+        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\n"
+        "def defs() -> dg.Definitions:\n    return dg.load_from_defs_folder("
+        "path_within_project=Path(__file__).parent)\n")
     (project / "src" / "userproj" / "defs" / "reports.py").write_text(
         "import dagster as dg\n\n\n@dg.asset(deps=[dg.AssetKey(['app', 'silver', 'public', "
         "'orders'])])\ndef order_report() -> None:\n    pass\n")
@@ -156,13 +160,15 @@ def test_two_sources_through_the_component(pg_dsn, second_pg_dsn, tmp_path, monk
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "DAGSTER_HOME": str(tmp_path), "APP_PG_DSN": pg_dsn,
            "BILLING_PG_DSN": second_pg_dsn}
+    scaffold = subprocess.run(["dg", "scaffold", "defs", "pgcdc_dagster.PgcdcComponent",
+                               "app_capture"], cwd=project, env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert scaffold.returncode == 0, scaffold.stdout[-2000:] + scaffold.stderr[-2000:]
+    defs_dir = project / "src" / "userproj" / "defs"
+    assert "dsn_env: APP_PG_DSN" in (defs_dir / "app_capture" / "defs.yaml").read_text()
+    (defs_dir / "billing_capture").mkdir()  # a second one, as a copy of the first
     for name in ("app", "billing"):
-        scaffold = subprocess.run(["dg", "scaffold", "defs", "pgcdc_dagster.PgcdcComponent",
-                                   f"{name}_capture"], cwd=project, env=env,
-                                  capture_output=True, text=True, timeout=300)
-        assert scaffold.returncode == 0, scaffold.stdout[-2000:] + scaffold.stderr[-2000:]
-        yaml = project / "src" / "userproj" / "defs" / f"{name}_capture" / "defs.yaml"
-        assert "dsn_env: APP_PG_DSN" in yaml.read_text()  # the scaffolded template
+        yaml = defs_dir / f"{name}_capture" / "defs.yaml"
         yaml.write_text(
             "type: pgcdc_dagster.PgcdcComponent\n\nattributes:\n"
             f"  name: {name}\n  dsn_env: {name.upper()}_PG_DSN\n"
