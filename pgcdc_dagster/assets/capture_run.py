@@ -51,7 +51,7 @@ from pgcdc_dagster.assets.capture import (
     skipped_metadata,
 )
 from pgcdc_dagster.assets.checks import evaluation, light_check_facts, light_check_results
-from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, Bound, CaptureNames
 from pgcdc_dagster.assets.partitions import ensure_partitions
 from pgcdc_dagster.assets.run_ranges import (
     CAPTURE_RUN,
@@ -62,7 +62,7 @@ from pgcdc_dagster.assets.run_ranges import (
 )
 from pgcdc_dagster.assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
-from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
+from pgcdc_dagster.capture.runner import BronzeRun
 from pgcdc_dagster.capture.silver_apply import SilverReport
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.lake.delta import shared_reads
@@ -146,10 +146,10 @@ def build_capture_op(tables: Sequence[tuple[str, str]], settings: MonitorSetting
                              "no catalog was cached; reload the code location",
                              allow_retries=False)
         instance = context.instance
-        cap = capture.settings(postgres.dsn, lakehouse.root)
+        run_context = names.run_context(  # what the engine needs, once per run
+            Bound(postgres, lakehouse, capture, spark), context.run_id, captured)
         ensure_partitions(instance, captured, names)  # incremental-snapshot backfills
         sweep = _silver_may_lag(instance, context.run_id, names)
-        handle = spark.lazy()
         started = time.monotonic()
         reporter = _Reporter(context, settings, lakehouse.internal, names)
         recent = RecentReads()  # the early reports' look-back, read once across batches
@@ -167,9 +167,10 @@ def build_capture_op(tables: Sequence[tuple[str, str]], settings: MonitorSetting
                             time.monotonic() - started, observed=observed, recent=recent)
             reporter.early.update(c.name for c in changed)
 
-        run = _bronze_in_thread(context, lease, lambda progress, committed, settled: run_bronze(
-            cap, handle, force_snapshot_step=config.snapshot_step, only=set(captured),
-            progress=progress, on_committed=committed, after_snapshot=settled), early)
+        run = _bronze_in_thread(
+            context, lease, lambda progress, committed, settled: run_context.bronze(
+                force_snapshot_step=config.snapshot_step, progress=progress,
+                on_committed=committed, after_snapshot=settled), early)
         seconds = time.monotonic() - started
         for note in run.notes:
             context.log.info(note)
@@ -204,8 +205,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]], settings: MonitorSetting
         # Tables the snapshot just committed, silver and all, have nothing to catch up.
         current = run.current_silver()
         behind = [c for c in silver_of if c.name not in current]
-        caught_up = dict(zip([c.name for c in behind], apply_silver_tables(
-            behind, handle, cap.silver_spark_threshold_rows, cap.target_file_bytes), strict=True))
+        caught_up = dict(zip([c.name for c in behind], run_context.silver(behind), strict=True))
         release.spark_work_done()  # a one-run process ends its JVM while the run reports
         left_names = {c.name for c in left}
         silver = [(ctx, report) for ctx, report in (

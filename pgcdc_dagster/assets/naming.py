@@ -11,12 +11,14 @@ instance without sharing a name. The unnamed capture (``name=""``) keeps the pla
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import dagster as dg
 
 from pgcdc_dagster.assets.translator import Layer, PgcdcTableProps, PgcdcTranslator
+from pgcdc_dagster.capture.run_context import RunContext
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.names import table_of_path
 from pgcdc_dagster.resources import (
@@ -74,6 +76,14 @@ class CaptureNames:
         """The capture's resources of a run, sensor or schedule context."""
         resources = context.resources
         return Bound(*(getattr(resources, self.resource_key(k)) for k in RESOURCES))
+
+    def run_context(self, bound: Bound, run_id: str,
+                    tables: Iterable[tuple[str, str]]) -> RunContext:
+        """What the engine needs of one run, built once from its resources."""
+        return RunContext(
+            settings=bound.capture.settings(bound.postgres.dsn, bound.lakehouse.root),
+            spark=bound.spark.lazy(), tables=frozenset(tables),
+            source=bound.postgres.describe(), run_id=run_id)
 
     @property
     def pool(self) -> str:

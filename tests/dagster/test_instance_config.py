@@ -138,7 +138,7 @@ def test_workspace_yaml_loads_the_project_definitions(pg_dsn, pg_conn,
             instance, WorkspaceFileTarget(paths=[str(ROOT / "workspace.yaml")])) as workspace:
         request = workspace.create_request_context()
         entries = request.get_code_location_entries()
-        assert list(entries) == ["pgcdc_dagster.definitions"]
+        assert list(entries) == ["assets"]  # the repository's own code location
         name = next(iter(entries))
         assert request.get_code_location_error(name) is None
         location = request.get_code_location(name)

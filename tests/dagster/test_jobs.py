@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from pgcdc_dagster import definitions
 from pgcdc_dagster.definitions import build_definitions, defs, discover_tables
-from pgcdc_dagster.exceptions import ConfigurationError, SourceUnavailableError
+from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.postgres.local_cluster import free_port
 from pgcdc_dagster.resources import (
@@ -251,12 +251,24 @@ def test_a_process_executing_one_lean_job_builds_that_job_only(monkeypatch) -> N
             len(list(full.resolve_all_asset_keys()))
 
 
-def test_lazy_definitions_report_an_unreachable_source(monkeypatch) -> None:
-    monkeypatch.setenv("PGCDC_PG_DSN", f"host=127.0.0.1 port={free_port()} dbname=x user=y "
+def test_the_code_location_loads_with_the_source_stopped(monkeypatch, tmp_path) -> None:
+    """A source that does not answer fails the capture runs, naming it, never the load: the
+    definitions hold the tables cached in PGCDC_CATALOG (none here) and the slot's assets."""
+    port = free_port()
+    monkeypatch.setenv("PGCDC_PG_DSN", f"host=127.0.0.1 port={port} dbname=x user=y "
                                        "password=topsecret")
-    with pytest.raises(SourceUnavailableError) as err:
-        defs()  # what the code location loader calls
-    assert "topsecret" not in str(err.value)
+    monkeypatch.setenv("PGCDC_LAKEHOUSE", str(tmp_path / "lake"))
+    loaded = defs()  # what the code location loader calls
+    assert dg.AssetKey(["source", "replication_slot"]) in \
+        loaded.resolve_asset_graph().get_all_asset_keys()
+    with dg.instance_for_test() as instance:
+        result = loaded.resolve_job_def("cdc_microbatch").execute_in_process(
+            instance=instance, raise_on_error=False)
+    assert not result.success
+    failure = " ".join(str(e.event_specific_data.error)  # type: ignore[union-attr]
+                       for e in result.all_events if e.is_step_failure)
+    assert f"port={port}" in failure and "cannot connect to the source" in failure, failure
+    assert "topsecret" not in failure
     monkeypatch.delenv("PGCDC_PG_DSN")
     with pytest.raises(ConfigurationError, match="PGCDC_PG_DSN is not set"):
         defs()
