@@ -139,8 +139,8 @@ def test_two_sources_through_the_factory(pg_dsn, second_pg_dsn, tmp_path, monkey
 
 def test_two_sources_through_the_component(pg_dsn, second_pg_dsn, tmp_path, monkeypatch
                                            ) -> None:
-    """``dg scaffold defs``, two defs.yaml edited, ``dg check defs``; then the project's
-    definitions capture both sources into one instance."""
+    """``dg scaffold defs``, two defs.yaml edited; the project's definitions (its defs
+    folder, as ``dg dev`` loads it) capture both sources into one instance."""
     project = tmp_path / "userproj"
     (project / "src" / "userproj" / "defs").mkdir(parents=True)
     (project / "pyproject.toml").write_text(
@@ -174,9 +174,8 @@ def test_two_sources_through_the_component(pg_dsn, second_pg_dsn, tmp_path, monk
             f"  name: {name}\n  dsn_env: {name.upper()}_PG_DSN\n"
             "  tables: [public.orders]\n"
             f"  slot: {name}_cdc\n  lakehouse: lake/{name}\n  key_prefix: [{name}]\n")
-    check = subprocess.run(["dg", "check", "defs"], cwd=project, env=env, capture_output=True,
-                           text=True, timeout=300)
-    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    # (`dg check defs` validates the same files as the load below does; a dg process costs
+    # tens of seconds on a loaded machine, so the test runs one)
 
     monkeypatch.setenv("APP_PG_DSN", pg_dsn)
     monkeypatch.setenv("BILLING_PG_DSN", second_pg_dsn)

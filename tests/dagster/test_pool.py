@@ -56,6 +56,7 @@ NOT_SLOT_OPS = {
 
 SLOT_ENTRY_POINTS = {
     "run_bronze",          # capture.runner: snapshot + stream windows, slot advance
+    "bronze",              # capture.run_context.RunContext.bronze: run_bronze of the run
     "run_incremental",     # capture.incremental: DBLog windows, slot advance
     "compare_with_source", "compare_tables",  # ops.consistency: peek_window on the slot
     "teardown",            # ops.teardown: drop_slot
