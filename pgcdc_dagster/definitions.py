@@ -264,7 +264,7 @@ def _built(tables: tuple[tuple[str, str], ...],
     reload that finds other tables, or another environment, builds them again). A process
     started to execute one lean job (``dagster job execute -j cdc_microbatch``, or the run
     worker of such a run: :func:`~pgcdc_dagster.spark.prestart.job_of_process`) builds that
-    job only (issue 16: its cost does not grow with the captured tables' definitions)."""
+    job only (its cost does not grow with the captured tables' definitions)."""
     del environment  # part of the cache key only: build_definitions reads os.environ
     return build_definitions(tables, job=job_of_process(sys.argv, os.environ))
 

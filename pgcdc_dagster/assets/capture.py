@@ -314,7 +314,7 @@ def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats
 def committed_facts(run: BronzeRun) -> dict[str, CommitFacts]:
     """What the run's snapshot commits know of the tables they created, by table name, while
     no window has written since (then the light checks and reports need not read the logs
-    back; issue 16)."""
+    back)."""
     if run.snapshot is None or run.stream is not None:
         return {}
     return {t.table: t.facts for t in run.snapshot.tables}
@@ -352,7 +352,7 @@ def _previous(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[int | Non
 
 def previous_of(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey]
                 ) -> dict[dg.AssetKey, tuple[int | None, int | None]]:
-    """:func:`_previous` of many assets, read in one query (issue 16)."""
+    """:func:`_previous` of many assets, read in one query."""
     events = instance.get_latest_materialization_events(keys) if keys else {}
     return {key: recorded_versions(events.get(key)) for key in keys}
 

@@ -4,7 +4,7 @@
 ``pgcdc_slot``). An asset job would plan every selected table's bronze, silver and checks at
 run creation (one ``ASSET_MATERIALIZATION_PLANNED`` / ``ASSET_CHECK_EVALUATION_PLANNED``
 event each), so an idle micro-batch over 1,000 tables would write thousands of events before
-any work (issue 16). The op instead reports, at run time:
+any work. The op instead reports, at run time:
 
 * an ``AssetMaterialization`` of ``bronze/<schema>/<table>`` and ``silver/<schema>/<table>``
   for each table the run changed, with the same metadata as the assets (capture kind, LSN
@@ -319,7 +319,7 @@ class _Reporter:
 
         def bronze_event(ctx: TableContext) -> dg.AssetMaterialization:
             key = bronze_key(*ctx.relation.qualified)
-            with shared_reads():  # each table opened once for its metadata (issue 16)
+            with shared_reads():  # each table opened once for its metadata
                 before = _before(bronze_before[key][0], ctx.bronze_uri)
                 return dg.AssetMaterialization(asset_key=key, metadata={
                     **_bronze_metadata(stream_only if ctx.name in self.early else run,

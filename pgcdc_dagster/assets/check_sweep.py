@@ -1,4 +1,4 @@
-"""The ``capture_checks`` job: every check of every captured table, in one op (issue 16).
+"""The ``capture_checks`` job: every check of every captured table, in one op.
 
 An asset job selecting every asset check would write one ``ASSET_CHECK_EVALUATION_PLANNED``
 event per check when the run is created, before any work, and run each check kind as its

@@ -61,7 +61,7 @@ def table_metadata(schema: str, table: str) -> dict[str, str]:
 def _name(key: dg.AssetKey) -> str:
     """The op input/output name of an asset: :func:`identifier` for a table's, else the
     components joined by ``__`` (the slot, the capture-wide tables: fixed plain names).
-    Cached: the definitions name every table's keys several times (issue 16)."""
+    Cached: the definitions name every table's keys several times."""
     try:
         return identifier(key.path[0], *table_of_key(key))
     except ValueError:
@@ -82,7 +82,7 @@ def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | No
 
     def inner(fn: Callable[..., Any]) -> dg.AssetChecksDefinition:
         # One In and one Out shared by every table (immutable records): Dagster resolves
-        # the type of each one it is given (issue 16: thousands of tables).
+        # the type of each one it is given (thousands of tables).
         nothing_in, optional_out = dg.In(dg.Nothing), dg.Out(dg.Nothing, is_required=False)
         op_def = dg.op(
             name=name, pool=pool, required_resource_keys=resource_keys,

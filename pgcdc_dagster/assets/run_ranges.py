@@ -8,8 +8,8 @@ records hold them:
 * incremental-snapshot runs record the range on the bronze materializations of the tables
   they wrote.
 
-A sweep over many tables reads them in a fixed number of instance queries, not one per table
-(issue 16): the slot's observations; the materialization events since the oldest of them,
+A sweep over many tables reads them in a fixed number of instance queries, not one per table:
+the slot's observations; the materialization events since the oldest of them,
 projected onto their indexed columns (no payload); the payloads of the few whose run recorded
 no observation; the tables' wipe times.
 """
@@ -100,7 +100,7 @@ Summary = tuple[int, float, str]
 
 @dataclasses.dataclass
 class RecentReads:
-    """The materializations one run's checks have read so far (issue 16). Materializations
+    """The materializations one run's checks have read so far. Materializations
     are only appended, so a later read in the same run asks only for those stored since the
     newest it saw: a snapshot's early reports (a batch of tables at a time) read each
     materialization once, not once per batch (which grew with the square of the table count).
