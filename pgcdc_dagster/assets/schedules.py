@@ -47,7 +47,9 @@ def build_schedules(jobs: CaptureJobs, settings: MonitorSettings, *,
         f"logged for {settings.dead_run_grace_s} s, {ENV['dead_run_grace_s']}) is marked failed "
         "and the tick goes on.")
     def cdc_microbatch_schedule(
-            context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+            context: dg.ScheduleEvaluationContext,
+            **_direct: object) -> dg.RunRequest | dg.SkipReason:
+        # a direct call (schedule(context)) passes the resources as keywords too
         postgres, _, capture, _ = names.bound(context)
         running = live_run_in_flight(context.instance, postgres.dsn, capture.slot,
                                      settings.dead_run_grace_s, context.log,

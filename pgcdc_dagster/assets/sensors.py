@@ -63,7 +63,9 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
         f"{settings.retained_trigger_bytes} bytes (PGCDC_RETAINED_TRIGGER_BYTES) or it holds "
         f"{settings.lag_trigger_changes} row changes (PGCDC_LAG_TRIGGER_CHANGES, counted on a "
         "temporary copy of the slot); one run per confirmed LSN.")
-    def slot_lag_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    def slot_lag_sensor(context: dg.SensorEvaluationContext,
+                        **_direct: object) -> dg.SensorResult:
+        # a direct call (sensor(context)) passes the resources as keywords too
         postgres, _, capture, _ = names.bound(context)
         health = slot_health(postgres.dsn, capture.slot)
         seen = str(health.current_lsn)
@@ -145,7 +147,8 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
         description="Report tables the include list (PGCDC_TABLES) matches that have no "
         "assets yet, matched tables without a primary key, and captured tables that are "
         "gone. Reload the code location to pick new tables up.")
-    def table_discovery_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    def table_discovery_sensor(context: dg.SensorEvaluationContext,
+                               **_direct: object) -> dg.SensorResult:
         postgres, _, capture, _ = names.bound(context)
         with postgres.get_connection() as conn:
             report = discover(conn, split_list(capture.tables),

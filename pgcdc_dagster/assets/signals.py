@@ -147,7 +147,9 @@ def build_signal_sensor(tables: Sequence[tuple[str, str]],
         "PGCDC_SIGNAL_DATA_COLLECTION): execute-snapshot and resume-snapshot launch "
         "incremental_snapshot runs (run key = signal id), pause/stop take effect at the "
         "running snapshot's next chunk. Malformed signals are reported and skipped.")
-    def signal_table_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    def signal_table_sensor(context: dg.SensorEvaluationContext,
+                            **_direct: object) -> dg.SensorResult:
+        # a direct call (sensor(context)) passes the resources as keywords too
         postgres, lakehouse, capture, _ = names.bound(context)
         add = missing_partitions(context.instance, captured, names)
         partitions = [names.partitions.build_add_request(add)] if add else []
