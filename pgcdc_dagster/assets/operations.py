@@ -117,12 +117,12 @@ def build_maintenance_job(tables: Sequence[tuple[str, str]],
             app_id = f"{settings.app_prefix}:silver:{schema}.{table}"
             purged = purge_tombstones(uri, cutoff_ms, app_id=app_id)
             total += purged
-            if purged:
+            if purged:  # an event for the tables it changed only
                 context.log.info(f"silver {display_name(schema, table)}: {purged} "
                                  f"tombstones older than {hours} h purged")
-            context.log_event(dg.AssetObservation(
-                asset_key=names.silver(schema, table),
-                metadata={"tombstones_purged": purged, "retention_hours": hours}))
+                context.log_event(dg.AssetObservation(
+                    asset_key=names.silver(schema, table),
+                    metadata={"tombstones_purged": purged, "retention_hours": hours}))
         context.log.info(f"{total} tombstones purged in {len(tables)} silver tables")
 
     @dg.op(name=names.scoped("compact_vacuum_checkpoint"),
