@@ -212,3 +212,47 @@ def test_loads_with_the_source_stopped_and_runs_fail_naming_it(tmp_path, monkeyp
                        for e in result.all_events if e.is_step_failure)
     assert f"port={port}" in failure and "cannot connect to the source" in failure, failure
     assert "topsecret" not in failure
+
+
+class _SalesTranslator(PgcdcTranslator):
+    """A user's translator: its own keys, group, owners and tags."""
+
+    def get_asset_spec(self, props):  # type: ignore[no-untyped-def]
+        spec = super().get_asset_spec(props)
+        return spec.replace_attributes(
+            key=dg.AssetKey(["warehouse", props.layer, props.table]), group_name="sales",
+            owners=["team:sales"], tags={**spec.tags, "domain": "sales"})
+
+
+def test_a_translator_chooses_keys_groups_owners_and_tags() -> None:
+    """Specs are the translator's; what selects or reports assets goes by those keys."""
+    defs = pgcdc_definitions(
+        name="sales", postgres=PostgresResource(dsn="host=unused"),
+        lakehouse=LakehouseResource(root="/unused"), capture=CaptureResource(slot="sales"),
+        tables=["public.orders", "public.lines"], translator=_SalesTranslator(),
+        settings=MonitorSettings())
+    graph = defs.resolve_asset_graph()
+    silver = graph.get(dg.AssetKey(["warehouse", "silver", "orders"]))
+    assert silver.group_name == "sales" and silver.owners == ["team:sales"]
+    assert silver.tags["domain"] == "sales"
+    assert silver.metadata["dagster/table_name"] == "silver.public.orders"
+    assert dg.AssetKey(["warehouse", "bronze", "orders"]) in silver.parent_keys
+    checks = {k.asset_key for k in graph.asset_check_keys}
+    assert dg.AssetKey(["warehouse", "silver", "lines"]) in checks
+    assert dg.AssetKey(["sales", "source", "replication_slot"]) in checks
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"name": "bad-name"}, "capture name 'bad-name' is not a valid name"),
+    ({"capture": CaptureResource(snapshot_mode="intial")}, "capture 'app': snapshot.mode"),
+    ({"tables": ["a.b.c"]}, "tables: "),
+])
+def test_settings_are_checked_when_the_definitions_are_built(kwargs, message) -> None:
+    from pgcdc_dagster.exceptions import ConfigurationError
+
+    arguments = {"name": "app", "postgres": PostgresResource(dsn="host=unused"),
+                 "lakehouse": LakehouseResource(root="/unused"),
+                 "capture": CaptureResource(slot="app"), "tables": ["public.orders"],
+                 "settings": MonitorSettings(), **kwargs}
+    with pytest.raises(ConfigurationError, match=message):
+        pgcdc_definitions(**arguments)  # type: ignore[arg-type]
