@@ -1,34 +1,17 @@
-"""What one Dagster event costs the run's process, on the instance a user gets (issue 16).
+"""What one Dagster event costs the run's process, on the instance a user gets.
 
 An op reports ``--events`` asset materializations and as many asset check evaluations, with
 metadata shaped like the capture's (a bronze table's: about 35 numbers, LSNs, paths and a
-ten-column schema with descriptions; a light check's: a dozen values), on a fresh
-``DAGSTER_HOME`` whose ``dagster.yaml`` only turns telemetry off (the default SQLite storage),
-in one process per way of reporting, one after the other:
+ten-column schema with descriptions; a light check's: a dozen values), through Dagster's
+public API (``context.log_event``), on a fresh ``DAGSTER_HOME`` whose ``dagster.yaml`` only
+turns telemetry off (the default SQLite storage), in a process of its own. This is the cost
+per changed table that no code of this project can lower: a capture run reports two
+materializations and two light checks per table it changed.
 
-* ``dagster``: Dagster's own path (a new engine and connection per write);
-* ``files held``: inside :func:`assets.event_storage.files_held` only (the run's event file
-  and the index stay open: no WAL checkpoint per write);
-* ``engines shared``: the files held and one engine per file
-  (:func:`assets.event_storage.engines_shared` without its other parts: what
-  ``event_files_held`` was before the two below);
-* ``serialized once``: the same, each event serialized once (:mod:`assets.event_memo`);
-* ``batched``: the same, the run's asset events committed in batches
-  (:mod:`assets.event_batches`: what ``event_files_held`` was before the one below);
-* ``event_files_held``: inside :func:`assets.event_storage.event_files_held` (what the
-  capture and check-sweep ops use: all of the above, materializations and check evaluations
-  written with statements built once, :mod:`assets.event_writes`);
-* ``packed ahead``: the same, the materializations built and packed for serialization by a
-  worker thread before the reporting thread logs them (:mod:`assets.event_prepack`, as the
-  capture's metadata threads do): the reporting thread's share.
-
-For each it prints the milliseconds per event, wall and CPU, for each kind: CPU of the
-reporting thread and of the whole process (which includes the batches' flusher thread), and
-the size of each kind's serialized event. ``--postgres`` measures the same on an instance
-whose storage is PostgreSQL (dagster-postgres, as in ``dagster.yaml.example``), in a
-throwaway local cluster: Dagster's own path, ``connection kept`` (one connection for the
-block instead of one per write) and ``event_files_held`` (also each event serialized once,
-and the table-existence and index-column answers kept once found).
+It prints the milliseconds per event, wall and CPU, for each kind: CPU of the reporting
+thread and of the whole process, and the size of each kind's serialized event.
+``--postgres`` measures the same on an instance whose storage is PostgreSQL (dagster-postgres,
+as in ``dagster.yaml.example``), in a throwaway local cluster.
 
     .venv/bin/python bench/bench_events.py [--events 300] [--postgres]
 """
@@ -43,16 +26,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-MODES = ("dagster", "files held", "engines shared", "serialized once", "batched",
-         "event_files_held", "packed ahead")
-POSTGRES_MODES = ("dagster", "connection kept", "event_files_held")
+MODE = "dagster"
 
 
 def bronze_like_metadata(i: int) -> dict[str, Any]:
@@ -92,31 +72,7 @@ def measure(mode: str, count: int) -> dict[str, Any]:
     """One way of reporting, on a fresh instance in this process."""
     from dagster_shared.serdes import serialize_value
 
-    from assets.event_prepack import prepack
-    from assets.event_storage import (
-        engines_shared,
-        event_files_held,
-        files_held,
-        postgres_connection_kept,
-    )
-
     figures: dict[str, Any] = {}
-
-    @contextmanager
-    def held(context: dg.OpExecutionContext) -> Iterator[object]:
-        instance, run_id = context.instance, context.run_id
-        with ExitStack() as stack:
-            if mode in ("files held", "engines shared", "serialized once", "batched"):
-                stack.enter_context(files_held(instance, run_id))
-            if mode in ("engines shared", "serialized once", "batched"):
-                stack.enter_context(engines_shared(
-                    instance, run_id if mode == "batched" else None,
-                    serialize_once=mode != "engines shared", prepared=False))
-            if mode == "connection kept":
-                stack.enter_context(postgres_connection_kept(instance, answers=False))
-            if mode in ("event_files_held", "packed ahead"):
-                stack.enter_context(event_files_held(instance, run_id))
-            yield None
 
     def materialization(i: int) -> dg.AssetMaterialization:
         return dg.AssetMaterialization(asset_key=["bronze", "s", f"t{i}"],
@@ -129,16 +85,9 @@ def measure(mode: str, count: int) -> dict[str, Any]:
 
     @dg.op
     def report(context: dg.OpExecutionContext) -> None:
-        with held(context):
-            if mode == "packed ahead":  # built and packed by a worker, as the capture does
-                with ThreadPoolExecutor(1) as pool:
-                    built = list(pool.map(lambda i: prepack(materialization(i)), range(count)))
-                figures["materialization"] = _timed(
-                    lambda i: context.log_event(built[i]), count)
-            else:
-                figures["materialization"] = _timed(
-                    lambda i: context.log_event(materialization(i)), count)
-            figures["check evaluation"] = _timed(lambda i: context.log_event(check(i)), count)
+        figures["materialization"] = _timed(
+            lambda i: context.log_event(materialization(i)), count)
+        figures["check evaluation"] = _timed(lambda i: context.log_event(check(i)), count)
 
     @dg.job
     def reporting() -> None:
@@ -190,9 +139,9 @@ def main() -> None:
         return
     with _instances(args.postgres) as instances:
         for storage, yaml in instances:
-            for mode in MODES if storage.startswith("sqlite") else POSTGRES_MODES:
+            for mode in (MODE,):
                 figures = _child(yaml, mode, args.events)
-                print(f"{storage:<17} {mode:<17} " + "; ".join(
+                print(f"{storage:<17} " + "; ".join(
                     f"{kind} {f['wall_ms']:.2f} ms wall {f['cpu_ms']:.2f} ms CPU "
                     f"({f['process_cpu_ms']:.2f} process; {f['stored']} stored, "
                     f"{f['bytes']} B)" for kind, f in figures.items())

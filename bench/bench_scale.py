@@ -23,7 +23,10 @@ load while CPU seconds much less.
 Each run's Dagster events are counted in its instance's event log and printed per
 captured table, so the cost Dagster's event storage adds per table shows next to the time.
 ``--profile DIR`` runs every process under ``cProfile`` and leaves ``<capture>_<job>.prof``
-files there (read them with ``pstats``).
+files there (read them with ``pstats``). ``--tuned`` loads the code location through
+``bench/tuned_definitions.py``, which calls ``pgcdc_dagster.tuning.tune_process()`` after the
+imports, with ``ARROW_DEFAULT_MEMORY_POOL=jemalloc`` in its environment, as a deployment that
+opts into the process tuning does.
 
     .venv/bin/python bench/bench_scale.py [--small 3] [--large 1000] [--rows 1000]
         [--snapshot-only | --checks-only | --microbatch-only] [--profile DIR]
@@ -77,8 +80,9 @@ def update(dsn: str, schema: str, tables: int, updates: int) -> None:
 class Capture:
     """One capture (schema, slot, lakehouse, DAGSTER_HOME) run by the Dagster CLI."""
 
-    def __init__(self, root: Path, dsn: str, schema: str, profile: Path | None = None
-                 ) -> None:
+    def __init__(self, root: Path, dsn: str, schema: str, profile: Path | None = None,
+                 module: str = "pgcdc_dagster.definitions") -> None:
+        self.module = module
         self.schema = schema
         self.profile = profile
         self.output = ""
@@ -92,6 +96,8 @@ class Capture:
             "PGCDC_PUBLICATION": f"bench_{schema}", "DAGSTER_HOME": str(home),
             "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
         })
+        if module != "pgcdc_dagster.definitions":  # the tuned deployment: Arrow's C++ pool too
+            self.env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
     def run(self, job: str) -> tuple[float, float]:
         """Wall seconds and CPU seconds (the process and its children) of one job."""
@@ -102,7 +108,7 @@ class Capture:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run(
-            [*cli, "job", "execute", "-m", "pgcdc_dagster.definitions", "-j", job],
+            [*cli, "job", "execute", "-m", self.module, "-j", job],
             env=self.env, cwd=ROOT, capture_output=True, text=True)
         seconds = time.perf_counter() - started
         self.output = proc.stdout + proc.stderr
@@ -140,6 +146,8 @@ def main() -> None:
     parser.add_argument("--microbatch-only", action="store_true",
                         help="the micro-batches only: initial_snapshot still runs (to set up) "
                         "but is not reported, no capture_checks sweep")
+    parser.add_argument("--tuned", action="store_true",
+                        help="load the code location through bench/tuned_definitions.py")
     parser.add_argument("--profile", type=Path, default=None,
                         help="run each process under cProfile, .prof files into this directory")
     args = parser.parse_args()
@@ -152,7 +160,9 @@ def main() -> None:
         captures = {}
         for name, count in sizes.items():
             create_tables(cluster.dsn, name, count, args.rows)
-            captures[name] = Capture(root, cluster.dsn, name, args.profile)
+            captures[name] = Capture(root, cluster.dsn, name, args.profile,
+                                     "bench.tuned_definitions" if args.tuned
+                                     else "pgcdc_dagster.definitions")
         figures: dict[str, dict[str, tuple[float, float]]] = {}
         for name, capture in captures.items():
             figures[name] = {"initial_snapshot": capture.run("initial_snapshot")}

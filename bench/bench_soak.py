@@ -37,7 +37,8 @@ import os
 import sys
 
 if not {"default", "--arrow-pool=default"} & set(sys.argv[1:]):
-    # As pgcdc_dagster/startup.py: Arrow's C++ default pool is chosen when pyarrow loads.
+    # As a tuned deployment sets it (docs/operations.md, "Process tuning"): Arrow's C++
+    # default pool is chosen when pyarrow loads.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 import argparse

@@ -146,7 +146,12 @@ def loop_latency(settings: CaptureSettings, cur: Any, samples: int, interval: fl
     import threading
 
     from pgcdc_dagster.definitions import build_definitions
-    from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+    from pgcdc_dagster.resources import (
+        CaptureResource,
+        LakehouseResource,
+        PostgresResource,
+        SparkResource,
+    )
 
     definitions = build_definitions([("public", "orders"), ("public", "events")], {
         "postgres": PostgresResource(dsn=settings.dsn),

@@ -1,60 +1,45 @@
 """Composition root: the Dagster definitions of this project.
 
 ``defs`` is loaded lazily (``@dg.definitions``): the include list is resolved against the
-source catalog when the code location loads, not at import, so a reload picks up new tables
-and an unreachable source is reported in the UI as a load error naming the problem.
+source catalog when the code location loads, not at import, so a reload picks up new tables.
+A source that does not answer never fails the load: the tables cached in ``PGCDC_CATALOG``
+(written by every load that reached the source) are used, or none, and capture runs fail
+naming the source (:mod:`pgcdc_dagster.assets.catalog`).
 
 Dagster calls the loader several times in one process (``dagster job execute`` four times:
 origin, repository, job, run): the catalog is read each time, but the definitions of the same
-tables and settings are built once per process (:func:`_built`). At exit the objects left are
-frozen out of the garbage collector (:func:`_skip_exit_collection`): the interpreter's final
-collections would otherwise walk every object of Dagster and the capture once more, seconds
-under load, after the run has finished. While this module is imported the collector is paused,
-and what the import created is frozen out of its reach at the end (``startup.py``).
+tables and settings are built once per process (:func:`_built`).
 
-A process started to execute ``initial_snapshot`` whose snapshot will read chunks starts the
-Spark JVM first thing, before the rest of this module's imports (``spark/prestart.py``): it
-comes up while Dagster imports and loads the code location, creates the run and sets up the
-step (issue 16). Hence the imports after that call (E402 is ignored for this file). A process
-started to execute one run ends its Spark JVM itself at exit (``spark/release.py``).
+Importing this module changes nothing in the process (no collector, environment, warning
+filter or thread is touched; nothing is started): process-level tuning is the deployment's
+explicit choice (:func:`pgcdc_dagster.tuning.tune_process`).
 """
 
 from __future__ import annotations
 
-# First: no garbage collection during the imports, Arrow on jemalloc (startup.py).
-from pgcdc_dagster import startup  # isort: split
-
 import os
 import sys
-
-from pgcdc_dagster.spark import release
-from pgcdc_dagster.spark.prestart import job_of_process, prestart_for_process
-
-if job_of_process(sys.argv, os.environ) is not None:
-    release.enable()  # a one-run process ends its Spark JVM at exit (spark/release.py)
-prestart_for_process(sys.argv, os.environ)
-
-import atexit
-import gc
-import warnings
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 import dagster as dg
 
-from assets import CAPTURE_POOL, build_capture_assets, source_specs
-from assets.checks import build_asset_checks
-from assets.incremental import build_incremental
-from assets.jobs import LEAN_JOBS, build_jobs, build_lean_job
-from assets.operations import build_maintenance_job, teardown_job
-from assets.schedules import build_maintenance_schedule, build_schedules
-from assets.sensors import build_sensors
-from assets.signals import build_signal_sensor, signal_job
+from pgcdc_dagster.assets import CAPTURE_POOL, build_capture_assets, source_specs
+from pgcdc_dagster.assets.catalog import resolve_tables
+from pgcdc_dagster.assets.checks import build_asset_checks
+from pgcdc_dagster.assets.factory import keep_configured
+from pgcdc_dagster.assets.incremental import build_incremental
+from pgcdc_dagster.assets.jobs import LEAN_JOBS, build_jobs, build_lean_job
+from pgcdc_dagster.assets.naming import RESOURCES, CaptureNames
+from pgcdc_dagster.assets.operations import build_maintenance_job, build_teardown_job
+from pgcdc_dagster.assets.schedules import build_maintenance_schedule, build_schedules
+from pgcdc_dagster.assets.sensors import build_sensors
+from pgcdc_dagster.assets.signals import build_signal_job, build_signal_sensor
+from pgcdc_dagster.assets.translator import PgcdcTranslator
 from pgcdc_dagster.cdc.plugins import PGOUTPUT
 from pgcdc_dagster.exceptions import ConfigurationError
-from pgcdc_dagster.lake.memory import use_returning_pool
 from pgcdc_dagster.ops.settings import MonitorSettings, parse_bytes
-from pgcdc_dagster.postgres.connection import connection
+from pgcdc_dagster.postgres.connection import connection, describe_dsn
 from pgcdc_dagster.postgres.discovery import (
     KeyFor,
     Resolution,
@@ -64,9 +49,15 @@ from pgcdc_dagster.postgres.discovery import (
     resolve_capture,
 )
 from pgcdc_dagster.postgres.signals import parse_table_name
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
+from pgcdc_dagster.resources.capture import split_list
+from pgcdc_dagster.spark.prestart import job_of_process
 from pgcdc_dagster.spark.session import check_master
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
-from resources.capture import split_list
 
 DEFAULT_LAKEHOUSE = "./lakehouse"
 _CAPTURE_ENV = {
@@ -87,13 +78,6 @@ _CAPTURE_INT_ENV = {
 }
 _AT_LEAST = {"tombstone_retention_hours": 0, "vacuum_retention_hours": 1}
 """Lower bounds checked here; the engine's settings check the others (capture/settings.py)."""
-
-
-# owners= and backfill_policy= are Dagster beta parameters used on purpose; without this their
-# warnings (Dagster re-issues the owners one when it binds resources) print on every
-# `dagster job execute`. Only these two messages are silenced.
-warnings.filterwarnings("ignore", message=r"Parameter `(owners|backfill_policy)`",
-                        category=dg.BetaWarning)
 
 
 def _env_or(name: str, default: str) -> str | dg.EnvVar:
@@ -190,7 +174,8 @@ def discover_tables(dsn: str, include: Sequence[str], exclude: Sequence[str] = (
 def build_definitions(tables: Sequence[tuple[str, str]],
                       resources: Mapping[str, object] | None = None, *,
                       settings: MonitorSettings | None = None,
-                      job: str | None = None) -> dg.Definitions:
+                      job: str | None = None, name: str = "",
+                      translator: PgcdcTranslator | None = None) -> dg.Definitions:
     """Definitions for the given tables (tests pass resources; the loader uses the env).
 
     ``settings`` (schedule, lag trigger, check thresholds, owners) default to the
@@ -201,24 +186,34 @@ def build_definitions(tables: Sequence[tuple[str, str]],
     every captured table (building those costs seconds with a thousand tables, and the job
     does not use them: it reports its events by asset key). Any other value (None, another
     job) builds everything.
+
+    ``name`` namespaces every name of the definitions (:class:`CaptureNames`); ``resources``
+    are given by their plain keys (``postgres``, ``lakehouse``, ``capture``, ``spark``) and
+    bound under the capture's. ``translator`` makes the tables' asset specs.
     """
     settings = settings if settings is not None else MonitorSettings.from_env(os.environ)
-    resource_defs = dict(resources) if resources is not None else default_resources()
+    names = CaptureNames(name, translator or PgcdcTranslator(), settings.owners)
+    # The environment's resources keep their values under partial run config (a capture
+    # resource given only tombstones_on_delete kept topic_prefix at its default before).
+    given = dict(resources) if resources is not None else {
+        key: keep_configured(resource) for key, resource in default_resources().items()}
+    resource_defs = {names.resource_key(k) if k in RESOURCES else k: v for k, v in given.items()}
     if job in LEAN_JOBS:
-        return dg.Definitions(jobs=[build_lean_job(job, tables, settings)],
+        return dg.Definitions(jobs=[build_lean_job(job, tables, settings, names=names)],
                               resources=resource_defs)
-    jobs = build_jobs(tables, settings)
-    maintenance = build_maintenance_job(tables)
-    incremental, incremental_job = build_incremental(tables, settings.owners)
+    jobs = build_jobs(tables, settings, names=names)
+    maintenance = build_maintenance_job(tables, names)
+    incremental, incremental_job = build_incremental(tables, names=names)
     return dg.Definitions(
-        assets=[*source_specs(tables, settings.owners),
-                *build_capture_assets(tables, settings.owners), incremental],
-        asset_checks=build_asset_checks(tables, settings),
-        jobs=[*jobs.all(), incremental_job, signal_job, teardown_job, maintenance],
-        schedules=[*build_schedules(jobs, settings),
-                   build_maintenance_schedule(maintenance, settings)],
-        sensors=[*build_sensors(tables, jobs, settings),
-                 build_signal_sensor(tables, incremental_job)],
+        assets=[*source_specs(tables, names),
+                *build_capture_assets(tables, names), incremental],
+        asset_checks=build_asset_checks(tables, settings, names=names),
+        jobs=[*jobs.all(), incremental_job, build_signal_job(names),
+              build_teardown_job(names), maintenance],
+        schedules=[*build_schedules(jobs, settings, names=names),
+                   build_maintenance_schedule(maintenance, settings, names=names)],
+        sensors=[*build_sensors(tables, jobs, settings, names=names),
+                 build_signal_sensor(tables, incremental_job, names=names)],
         resources=resource_defs,
     )
 
@@ -233,7 +228,6 @@ def defs() -> dg.Definitions:
             "database, e.g. PGCDC_PG_DSN='host=127.0.0.1 port=5432 dbname=app user=cdc'.")
     environment = _pgcdc_environment()
     tables = _discovered(environment)
-    use_returning_pool()  # bounded memory in the code location's processes (runs)
     return _built(tables, environment)
 
 
@@ -248,8 +242,15 @@ def _discovered(environment: tuple[tuple[str, str], ...]) -> tuple[tuple[str, st
     """
     env = dict(environment)
     include = split_list(env.get("PGCDC_TABLES", ""))
-    return tuple(discover_tables(env["PGCDC_PG_DSN"], include,
-                                 plugin=env.get("PGCDC_PLUGIN_NAME") or PGOUTPUT))
+
+    def discover() -> list[tuple[str, str]]:
+        return discover_tables(env["PGCDC_PG_DSN"], include,
+                               plugin=env.get("PGCDC_PLUGIN_NAME") or PGOUTPUT)
+
+    # A source that does not answer never fails the load (the tables cached in
+    # PGCDC_CATALOG, or none): capture runs fail naming it instead.
+    return tuple(resolve_tables(discover, env.get("PGCDC_CATALOG") or None,
+                                f"({describe_dsn(env['PGCDC_PG_DSN'])})"))
 
 
 def _pgcdc_environment() -> tuple[tuple[str, str], ...]:
@@ -264,19 +265,9 @@ def _built(tables: tuple[tuple[str, str], ...],
     reload that finds other tables, or another environment, builds them again). A process
     started to execute one lean job (``dagster job execute -j cdc_microbatch``, or the run
     worker of such a run: :func:`~pgcdc_dagster.spark.prestart.job_of_process`) builds that
-    job only (issue 16: its cost does not grow with the captured tables' definitions)."""
+    job only (its cost does not grow with the captured tables' definitions)."""
     del environment  # part of the cache key only: build_definitions reads os.environ
     return build_definitions(tables, job=job_of_process(sys.argv, os.environ))
 
 
-@atexit.register
-def _skip_exit_collection() -> None:
-    """Freeze what is left so that the interpreter's exit collections skip it (the memory goes
-    back to the system with the process; nothing of the capture is left to finalize: runs
-    commit, close their connections and stop their threads before they end)."""
-    gc.freeze()
-
-
 __all__ = ["CAPTURE_POOL", "build_definitions", "defs", "discover_capture", "discover_tables"]
-
-startup.settle()

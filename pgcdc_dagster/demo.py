@@ -128,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     import dagster as dg
 
     from pgcdc_dagster.definitions import build_definitions, discover_tables
-    from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+    from pgcdc_dagster.resources import (
+        CaptureResource,
+        LakehouseResource,
+        PostgresResource,
+        SparkResource,
+    )
 
     root = Path(args.dir).resolve()
     lakehouse = str(root / "lakehouse")

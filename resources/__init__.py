@@ -1,8 +1,14 @@
-"""Dagster resources: the source PostgreSQL, Spark, the lakehouse and the capture settings."""
+"""This repository's code location: the resources of the installed package, re-exported.
 
-from resources.capture import CaptureResource
-from resources.lakehouse import LakehouseResource
-from resources.postgres import PostgresResource
-from resources.spark import SparkResource
+The wheel installs ``pgcdc_dagster`` only; a project of your own imports
+``pgcdc_dagster.resources`` (or uses :func:`pgcdc_dagster.pgcdc_definitions`).
+"""
+
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 __all__ = ["CaptureResource", "LakehouseResource", "PostgresResource", "SparkResource"]

@@ -1,4 +1,4 @@
-"""Micro-batches: bounded slot windows into bronze exactly once, then silver, then advance.
+"""Micro-batches: bounded slot windows into bronze exactly once, then the slot advance.
 
 Each window (design.md §3, decisions 2–3; STR- items):
 1. ``upto`` = min(WAL flushed when the run started, confirmed position +
@@ -7,8 +7,9 @@ Each window (design.md §3, decisions 2–3; STR- items):
 3. per table, drop transactions at or below the table's committed window (a replay after a
    crash between the bronze commit and the slot advance) and append the rest to bronze,
    recording ``upto`` as the table's Delta app transaction;
-4. only then advance the slot to ``upto``.
-Silver catches up from bronze after the windows.
+4. only then advance the slot to ``upto`` (after the bronze commit, not after silver).
+Silver catches up from bronze after the windows: it is derived from bronze, so a crash
+before it loses nothing (the next run's catch-up applies what bronze holds).
 
 A window's events reach the bronze writer in portions of ``window_portion_changes`` while
 the COPY still streams (``peek_window(..., on_portion=...)``), so a transaction of millions

@@ -109,15 +109,18 @@ class MonitorSettings:
 def _owners(value: str | None) -> tuple[str, ...]:
     """``PGCDC_OWNERS`` as Dagster takes owners: each an e-mail address or ``team:<name>``
     (Dagster's own refusal named an asset, not the variable)."""
-    # Dagster's own rule (imported here: this module is read without Dagster elsewhere)
-    from dagster._core.definitions.utils import is_valid_owner
+    # Dagster's own rule, through its public API (imported here: this module is read without
+    # Dagster elsewhere)
+    import dagster as dg
 
     owners = tuple(o.strip() for o in (value or "").split(",") if o.strip())
     for owner in owners:
-        if not is_valid_owner(owner):
+        try:
+            dg.AssetSpec("pgcdc_owner_probe", owners=[owner])
+        except dg.DagsterInvalidDefinitionError:
             raise ConfigurationError(
                 f"PGCDC_OWNERS: {owner!r} is not an owner; write e-mail addresses or "
-                "team:<name>, comma-separated (e.g. team:data,ana@example.com)")
+                "team:<name>, comma-separated (e.g. team:data,ana@example.com)") from None
     return owners
 
 

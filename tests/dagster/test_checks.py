@@ -25,7 +25,12 @@ from pgcdc_dagster.ops.lsn_windows import (
 from pgcdc_dagster.ops.schema_drift import normalise_type
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.table_facts import read_facts
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
 

@@ -34,15 +34,20 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from dagster._core.storage.dagster_run import DagsterRun
 from deltalake import DeltaTable
 
-from assets.capture_run import _silver_may_lag
-from assets.check_sweep import sweep_keys
-from assets.slot_hold import SLOT_LOCK_TAG
+from pgcdc_dagster.assets.capture_run import _silver_may_lag
+from pgcdc_dagster.assets.check_sweep import sweep_keys
+from pgcdc_dagster.assets.slot_hold import SLOT_LOCK_TAG
 from pgcdc_dagster.capture.snapshot import run_snapshot
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.settings import MonitorSettings
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 from pgcdc_dagster.spark.lazy import LazySpark, local_parallelism
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from tests.support.compare import assert_silver_equals_source
 from tests.support.instance_reads import counting_instance_reads
 

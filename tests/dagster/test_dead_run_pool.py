@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from assets import CAPTURE_POOL
+from pgcdc_dagster.assets import CAPTURE_POOL
 from pgcdc_dagster.ops.settings import MonitorSettings
 from tests.dagster.test_schedules import definitions
 

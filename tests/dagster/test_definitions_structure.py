@@ -17,7 +17,12 @@ import pytest
 
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 from tests.support.definitions_structure import definitions_structure
 
 pytestmark = pytest.mark.dagster
@@ -44,3 +49,23 @@ def test_definitions_keep_their_structure() -> None:
         assert found[part].keys() == expected[part].keys(), part
         for name in expected[part]:
             assert found[part][name] == expected[part][name], (part, name)
+
+
+def test_bronze_and_silver_have_one_writer() -> None:
+    """One execution model: bronze and silver are asset specs (nothing executes them as
+    assets), and the jobs that write them are the capture op's, which report their
+    materializations by key."""
+    defs = _defs()
+    repo = defs.get_repository_def()
+    layers = {"bronze", "silver"}
+    table_defs = [ad for ad in repo.asset_graph.assets_defs
+                  if any(k.path[0] in layers for k in ad.keys)]
+    assert sum(k.path[0] in layers for ad in table_defs for k in ad.keys) == \
+        2 * len(TABLES) + 2  # and bronze/_pgcdc/messages, transactions
+    assert not [ad for ad in table_defs if ad.is_executable]
+    for job in repo.get_all_jobs():
+        assert not [k for k in job.asset_layer.selected_asset_keys if k.path[0] in layers], \
+            job.name
+    capture = {job.name for job in repo.get_all_jobs()
+               if "capture" in {n.name for n in job.graph.nodes}}
+    assert capture == {"initial_snapshot", "cdc_microbatch"}

@@ -25,11 +25,16 @@ from dagster._core.storage.tags import (
 )
 from deltalake import DeltaTable
 
-from assets.incremental import INCREMENTAL_KEY
+from pgcdc_dagster.assets.incremental import INCREMENTAL_KEY
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 from tests.dagster.test_webserver import ROOT, Server, dagster_env
 from tests.support.compare import assert_silver_equals_source
 

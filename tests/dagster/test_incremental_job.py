@@ -16,16 +16,21 @@ from dagster._core.storage.tags import (
 )
 from deltalake import DeltaTable
 
-from assets.incremental import INCREMENTAL_KEY, MAX_PARTITIONS_PER_RUN
-from assets.partitions import INCREMENTAL_PARTITIONS, partition_key, partition_table
-from assets.signals import SIGNAL_SENSOR, SignalCursor
+from pgcdc_dagster.assets.incremental import INCREMENTAL_KEY, MAX_PARTITIONS_PER_RUN
+from pgcdc_dagster.assets.partitions import INCREMENTAL_PARTITIONS, partition_key, partition_table
+from pgcdc_dagster.assets.signals import SIGNAL_SENSOR, SignalCursor
 from pgcdc_dagster.capture import incremental
 from pgcdc_dagster.cdc.dblog import parse_signal
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.postgres.signals import create_signal_table
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]

@@ -23,10 +23,15 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import WorkspaceFileTarget
 from psycopg2 import sql
 
-from assets import CAPTURE_POOL
+from pgcdc_dagster.assets import CAPTURE_POOL
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
 
@@ -133,7 +138,7 @@ def test_workspace_yaml_loads_the_project_definitions(pg_dsn, pg_conn,
             instance, WorkspaceFileTarget(paths=[str(ROOT / "workspace.yaml")])) as workspace:
         request = workspace.create_request_context()
         entries = request.get_code_location_entries()
-        assert list(entries) == ["pgcdc_dagster.definitions"]
+        assert list(entries) == ["assets"]  # the repository's own code location
         name = next(iter(entries))
         assert request.get_code_location_error(name) is None
         location = request.get_code_location(name)

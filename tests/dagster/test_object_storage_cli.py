@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
-from assets.checks import MATCHES_SOURCE, SCHEMA_MATCHES
+from pgcdc_dagster.assets.checks import MATCHES_SOURCE, SCHEMA_MATCHES
 from pgcdc_dagster.capture.faults import ENV as FAULT_ENV
 from pgcdc_dagster.capture.incremental_state import ProgressStore
 from pgcdc_dagster.lake.paths import table_uri

@@ -27,13 +27,18 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from assets.run_liveness import DEAD_TAG
-from assets.slot_hold import SLOT_LOCK_TAG
+from pgcdc_dagster.assets.run_liveness import DEAD_TAG
+from pgcdc_dagster.assets.slot_hold import SLOT_LOCK_TAG
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.postgres.slot_lock import acquire, slot_lock_holder
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]

@@ -26,8 +26,8 @@ import pytest
 from deltalake import DeltaTable
 from psycopg2 import sql
 
-from assets.incremental import INCREMENTAL_KEY
-from assets.keys import bronze_key, silver_key
+from pgcdc_dagster.assets.incremental import INCREMENTAL_KEY
+from pgcdc_dagster.assets.keys import bronze_key, silver_key
 from pgcdc_dagster.definitions import defs
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.names import partition_key, table_id

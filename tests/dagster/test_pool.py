@@ -4,9 +4,10 @@ Two views of the same rule (design §3.8):
 
 * the Definitions: every op of every job, with the pool Dagster will enforce, against the
   list below of what touches the slot and why;
-* the source of ``assets/``: every Dagster-decorated function that calls an engine entry point
-  which peeks, advances or drops the slot is declared with ``pool=CAPTURE_POOL``, and no other
-  is (so a new slot reader without the pool, or a pool on a non-reader, fails here).
+* the source of ``pgcdc_dagster/assets/``: every Dagster-decorated function that calls an
+  engine entry point which peeks, advances or drops the slot is declared with
+  ``pool=names.pool`` (the capture's pool), and no other is (so a new slot reader without
+  the pool, or a pool on a non-reader, fails here).
 """
 
 from __future__ import annotations
@@ -17,19 +18,23 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets import CAPTURE_POOL
+from pgcdc_dagster.assets import CAPTURE_POOL
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 pytestmark = [pytest.mark.dagster, pytest.mark.unit]
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "pgcdc_dagster" / "assets"
 
 SLOT_OPS = {
     "capture": "cdc_microbatch / initial_snapshot: peeks slot windows, advances the slot, "
                "creates it in initial_snapshot",
-    "bronze": "capture_assets: peeks slot windows, advances the slot",
     "incremental__snapshot": "reads slot windows between DBLog watermarks, advances the slot",
     "check_sweep": "capture_checks: peeks the slot for changes pending since silver's LSN, "
                    "compares the slot's position with the runs' LSN ranges",
@@ -41,7 +46,6 @@ SLOT_OPS = {
 """Ops that touch the slot, by op name."""
 
 NOT_SLOT_OPS = {
-    "silver": "reads bronze Delta tables only (slot lag from pg_replication_slots for metadata)",
     "silver_schema_matches_source": "compares the catalog with the silver schema",
     "source__replication_slot_slot_healthy": "reads pg_replication_slots / pg_stat_* views",
     "apply_incremental_signal": "records a signal in the lakehouse progress store",
@@ -52,6 +56,7 @@ NOT_SLOT_OPS = {
 
 SLOT_ENTRY_POINTS = {
     "run_bronze",          # capture.runner: snapshot + stream windows, slot advance
+    "bronze",              # capture.run_context.RunContext.bronze: run_bronze of the run
     "run_incremental",     # capture.incremental: DBLog windows, slot advance
     "compare_with_source", "compare_tables",  # ops.consistency: peek_window on the slot
     "teardown",            # ops.teardown: drop_slot
@@ -84,15 +89,15 @@ def test_every_op_that_touches_the_slot_is_in_the_pool_and_no_other() -> None:
 
 
 def _decorator(node: ast.expr) -> tuple[str | None, bool]:
-    """(Dagster decorator name, whether it passes pool=CAPTURE_POOL)."""
+    """(Dagster decorator name, whether it passes pool=names.pool)."""
     call = node if isinstance(node, ast.Call) else None
     target = call.func if call else node
     name = target.attr if isinstance(target, ast.Attribute) else (
         target.id if isinstance(target, ast.Name) else None)
     if name not in DAGSTER_DECORATORS:
         return None, False
-    pooled = any(k.arg == "pool" and isinstance(k.value, ast.Name)
-                 and k.value.id == "CAPTURE_POOL" for k in (call.keywords if call else []))
+    pooled = any(k.arg == "pool" and isinstance(k.value, ast.Attribute)
+                 and k.value.attr == "pool" for k in (call.keywords if call else []))
     return name, pooled
 
 
@@ -136,7 +141,7 @@ def test_assets_source_pools_exactly_the_slot_readers() -> None:
                     continue
                 reads = bool(_calls(node, siblings) & SLOT_ENTRY_POINTS)
                 seen[f"{path.name}:{node.name}"] = (reads, pooled)
-    assert {"capture.py:bronze", "capture_run.py:capture_op", "check_sweep.py:check_sweep",
+    assert {"capture_run.py:capture_op", "check_sweep.py:check_sweep",
             "incremental.py:incremental_snapshot"} <= set(seen)
     wrong = {name: state for name, state in seen.items()
              if state[1] != (state[0] or name == "checks.py:bronze_lsn_windows")}

@@ -16,8 +16,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from assets.keys import SLOT_KEY, bronze_key
-from assets.run_ranges import CAPTURE_RUN, RecentReads, slot_runs, table_runs
+from pgcdc_dagster.assets.keys import SLOT_KEY, bronze_key
+from pgcdc_dagster.assets.run_ranges import CAPTURE_RUN, RecentReads, slot_runs, table_runs
 from pgcdc_dagster.cdc.lsn import Lsn
 from tests.support.instance_reads import counting_instance_reads
 

@@ -16,7 +16,12 @@ from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.ops.pending_changes import count_pending_changes, row_budget
 from pgcdc_dagster.ops.settings import MonitorSettings, parse_bytes
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
 

@@ -17,7 +17,12 @@ from psycopg2 import sql
 
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
 

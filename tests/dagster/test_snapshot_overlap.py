@@ -15,13 +15,18 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
-from assets import capture_run
+from pgcdc_dagster.assets import capture_run
 from pgcdc_dagster.capture import runner
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.delta_stats import live_row_count, table_stats
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]

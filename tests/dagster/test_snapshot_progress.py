@@ -14,7 +14,12 @@ import pytest
 from pgcdc_dagster.capture.snapshot_progress import ProgressTracker
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
 

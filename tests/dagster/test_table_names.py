@@ -25,7 +25,7 @@ import pytest
 from dagster._core.definitions.utils import has_valid_name_chars
 from psycopg2 import sql
 
-from assets.keys import table_of_key
+from pgcdc_dagster.assets.keys import table_of_key
 from pgcdc_dagster.capture.runner import run_bronze
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.definitions import build_definitions, defs
@@ -37,7 +37,12 @@ from pgcdc_dagster.exceptions import (
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.names import partition_key
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]

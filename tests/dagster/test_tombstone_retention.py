@@ -13,7 +13,12 @@ from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.delta import committed_version
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.settings import MonitorSettings
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 from tests.support.compare import assert_silver_equals_source
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
@@ -76,6 +81,7 @@ def test_maintenance_purges_only_expired_tombstones(pg_dsn, pg_conn, spark,
     bronze_offset = committed_version(DeltaTable(bronze_uri), f"pgcdc:{SLOT}:bronze:public.items")
     result = keep.resolve_job_def("silver_maintenance").execute_in_process()
     assert result.success and purged(result) == 0
+    assert observations(result, "tombstones_purged") == {}  # nothing purged: no event
     assert tombstones(uri) == 30
     assert not [h for h in DeltaTable(uri).history(DeltaTable(uri).version() - version)
                 if h.get("pgcdc.kind") == "tombstone_purge"]

@@ -27,7 +27,12 @@ from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import live_rows
 from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.postgres.local_cluster import free_port
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
 

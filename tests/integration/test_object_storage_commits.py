@@ -100,7 +100,7 @@ def test_concurrent_commits_on_a_safe_store_never_overwrite(s3_lakehouse) -> Non
 def test_resource_fields_reach_delta_rs_and_pyarrow(s3_server, monkeypatch) -> None:
     """No AWS variable set: the lakehouse resource's fields alone reach the bucket."""
     from pgcdc_dagster.capture.incremental_state import ProgressStore, TableProgress
-    from resources import LakehouseResource
+    from pgcdc_dagster.resources import LakehouseResource
 
     bucket = f"fields-{uuid.uuid4().hex[:8]}"
     s3_server.create_bucket(bucket)

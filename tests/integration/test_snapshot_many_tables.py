@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from assets.capture import _silver_metadata, committed_facts
-from assets.checks import table_check_results
+from pgcdc_dagster.assets.capture import _silver_metadata, committed_facts
+from pgcdc_dagster.assets.checks import table_check_results
 from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, run_silver
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot_commit import TableSnapshotReport

@@ -29,6 +29,7 @@ from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import run_snapshot
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.postgres.local_cluster import free_port
+from pgcdc_dagster.resources import CaptureResource, SparkResource
 from pgcdc_dagster.spark import session
 from pgcdc_dagster.spark.lazy import LazySpark
 from pgcdc_dagster.spark.prestart import (
@@ -41,7 +42,6 @@ from pgcdc_dagster.spark.prestart import (
     snapshot_will_read,
 )
 from pgcdc_dagster.spark.session import QUICK_START_JAVA_OPTIONS, session_settings
-from resources import CaptureResource, SparkResource
 from tests.support.compare import assert_silver_equals_source
 
 SLOT = "early_spark"

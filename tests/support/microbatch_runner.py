@@ -13,7 +13,12 @@ import sys
 import dagster as dg
 
 from pgcdc_dagster.definitions import build_definitions
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.resources import (
+    CaptureResource,
+    LakehouseResource,
+    PostgresResource,
+    SparkResource,
+)
 
 
 def main(argv: list[str]) -> None:

@@ -7,7 +7,7 @@ import dagster as dg
 import pytest
 
 from pgcdc_dagster.capture.settings import CaptureSettings
-from resources import CaptureResource
+from pgcdc_dagster.resources import CaptureResource
 
 pytestmark = [pytest.mark.unit]
 
@@ -130,3 +130,32 @@ def test_spark_driver_memory_comes_from_the_environment(monkeypatch) -> None:
     assert default_resources()["spark"].driver_memory == "3g"
     monkeypatch.delenv("PGCDC_SPARK_DRIVER_MEMORY")
     assert default_resources()["spark"].driver_memory is None
+
+
+def test_partial_run_config_keeps_the_configured_values(monkeypatch) -> None:
+    """Run config that sets one field of the environment's capture resource keeps the values
+    the environment gave the others (a plain resource reset topic_prefix to 'pgcdc', mixing
+    two source.name values in one bronze table)."""
+    from pgcdc_dagster.definitions import build_definitions
+
+    monkeypatch.setenv("PGCDC_TOPIC_PREFIX", "from_env")
+    monkeypatch.setenv("PGCDC_SLOT", "env_slot")
+    seen: dict[str, object] = {}
+
+    @dg.op(required_resource_keys={"capture"})
+    def look(context) -> None:  # (string annotations: Dagster wants none here)
+        capture = context.resources.capture
+        seen.update(topic_prefix=capture.topic_prefix, slot=capture.slot,
+                    tombstones_on_delete=capture.tombstones_on_delete)
+
+    @dg.job
+    def probe() -> None:
+        look()
+
+    capture = build_definitions([]).resources["capture"]  # as the code location binds it
+    job = dg.Definitions(jobs=[probe], resources={"capture": capture}).resolve_job_def("probe")
+    assert job.execute_in_process(run_config={"resources": {"capture": {"config": {
+        "tombstones_on_delete": True}}}}).success
+    assert seen == {"topic_prefix": "from_env", "slot": "env_slot", "tombstones_on_delete": True}
+    assert job.execute_in_process().success
+    assert seen == {"topic_prefix": "from_env", "slot": "env_slot", "tombstones_on_delete": False}

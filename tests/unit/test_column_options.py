@@ -423,7 +423,7 @@ def test_new_stream_shape_keeps_the_contexts_converters_for_known_columns():
 
 
 def test_capture_resource_passes_column_options_in_debezium_syntax():
-    from resources.capture import CaptureResource
+    from pgcdc_dagster.resources.capture import CaptureResource
 
     resource = CaptureResource(
         column_exclude_list=r"public\.users\.secret",

@@ -11,9 +11,11 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN_IN_CORE = ("dagster", "psycopg2", "pyspark", "deltalake", "assets", "resources",
+                     "pgcdc_dagster.assets", "pgcdc_dagster.resources",
                      "pgcdc_dagster.postgres", "pgcdc_dagster.spark", "pgcdc_dagster.lake",
                      "pgcdc_dagster.capture", "socket", "subprocess")
-FORBIDDEN_IN_ADAPTERS = ("dagster", "assets", "resources")
+FORBIDDEN_IN_ADAPTERS = ("dagster", "assets", "resources", "pgcdc_dagster.assets",
+                         "pgcdc_dagster.resources")
 
 
 def _imports(path: Path) -> set[str]:
@@ -46,9 +48,18 @@ def test_adapters_do_not_import_dagster(package: str) -> None:
     assert _violations(package, FORBIDDEN_IN_ADAPTERS) == []
 
 
-def test_top_level_packages_resolve_to_this_repository() -> None:
-    import assets
-    import resources
+def test_the_wheel_installs_pgcdc_dagster_only() -> None:
+    """Nothing but ``pgcdc_dagster`` is a top-level package of the wheel: a user's project
+    keeps its own ``assets`` / ``resources`` packages."""
+    import tomllib
 
-    for module in (assets, resources):
-        assert Path(module.__file__).resolve().is_relative_to(ROOT), module.__file__
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["pgcdc_dagster*"]
+
+
+def test_dagster_layer_resolves_to_this_repository() -> None:
+    import pgcdc_dagster.assets
+    import pgcdc_dagster.resources
+
+    for module in (pgcdc_dagster.assets, pgcdc_dagster.resources):
+        assert Path(module.__file__ or "").resolve().is_relative_to(ROOT), module.__file__

@@ -13,8 +13,7 @@ from pgcdc_dagster.postgres.statements import bind
 
 pytestmark = pytest.mark.unit
 
-PACKAGES = [Path(__file__).resolve().parents[2] / p for p in ("pgcdc_dagster", "assets",
-                                                                "resources")]
+PACKAGES = [Path(__file__).resolve().parents[2] / "pgcdc_dagster"]
 
 
 def _constant_strings(tree: ast.Module) -> set[str]:

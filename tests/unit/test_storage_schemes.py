@@ -17,7 +17,7 @@ import pytest
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.lake import commit_safety, storage
 from pgcdc_dagster.lake.paths import normalise_root, slot_root, table_uri
-from resources import LakehouseResource
+from pgcdc_dagster.resources import LakehouseResource
 
 AWS = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "aws-secret",
        "AWS_REGION": "eu-west-1"}

@@ -1,8 +1,9 @@
-"""Bronze and silver assets, one of each per captured table.
+"""Bronze and silver assets, one of each per captured table, and their materialization metadata.
 
-The bronze multi-asset owns the replication slot (pool ``pgcdc_slot``, size 1): it takes the
-initial snapshot when ``snapshot.mode`` asks for one and reads bounded windows. The silver
-multi-asset applies what bronze appended since silver last caught up.
+The assets are specs: one execution model writes them, the capture op of the
+``initial_snapshot`` and ``cdc_microbatch`` jobs (``capture_run.py``, pool ``pgcdc_slot`` of
+size 1), which owns the slot, writes bronze then silver, and reports a materialization of each
+table it changed (``incremental/snapshot`` reports those of the tables it re-read).
 
 Every materialization carries the numbers the UI plots over time: capture kind, LSN range,
 events by op, rows and bytes written, duration, rows/s, slot lag, Delta version, and the
@@ -12,31 +13,17 @@ table's column schema (``dagster/column_schema``).
 # No ``from __future__ import annotations`` here: Dagster reads the config and resource
 # annotations of the asset functions at definition time.
 
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
 import pyarrow as pa
 from pydantic import Field
 
-from assets.event_storage import event_files_held
-from assets.keys import (
-    SLOT_KEY,
-    bronze_key,
-    multi_asset_io,
-    silver_key,
-    source_key,
-    table_metadata,
-    table_of_key,
-    table_tags,
-)
-from assets.partitions import ensure_partitions
-from assets.slot_hold import hold_slot_for_run
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
 from pgcdc_dagster.capture.bronze_write import internal_events_key
-from pgcdc_dagster.capture.faults import crash_point
-from pgcdc_dagster.capture.runner import BronzeRun, run_bronze, select_contexts
-from pgcdc_dagster.capture.silver_apply import SilverReport, apply_silver
+from pgcdc_dagster.capture.runner import BronzeRun
+from pgcdc_dagster.capture.silver_apply import SilverReport
 from pgcdc_dagster.capture.snapshot import SnapshotReport
 from pgcdc_dagster.capture.stream import StreamReport
 from pgcdc_dagster.capture.tables import TableContext
@@ -46,13 +33,13 @@ from pgcdc_dagster.names import display_name
 from pgcdc_dagster.ops.delta_stats import TableStats, growth, live_row_count, table_stats
 from pgcdc_dagster.ops.lsn_windows import BronzeCommit, bronze_commits
 from pgcdc_dagster.ops.schema_drift import normalise_type
-from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
+from pgcdc_dagster.ops.slot_health import SlotHealth
 from pgcdc_dagster.ops.table_facts import CommitFacts
-from pgcdc_dagster.postgres.discovery import Resolution, SkippedTable
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
+from pgcdc_dagster.postgres.discovery import SkippedTable
 
-CAPTURE_POOL = "pgcdc_slot"
-"""Concurrency pool around everything that reads the slot; give it a limit of 1."""
+CAPTURE_POOL = DEFAULT_NAMES.pool
+"""Concurrency pool around everything that reads the slot; give it a limit of 1 (a named
+capture's is ``<name>_pgcdc_slot``: :attr:`CaptureNames.pool`)."""
 
 DEFAULT_OWNERS = ("team:pgcdc",)
 
@@ -90,14 +77,14 @@ META_TABLES = {
 
 
 def meta_key(name: str) -> dg.AssetKey:
-    return dg.AssetKey(["bronze", "_pgcdc", name])
+    return DEFAULT_NAMES.meta_key(name)
 
 
-def slot_spec(owners: Sequence[str] = DEFAULT_OWNERS) -> dg.AssetSpec:
+def slot_spec(names: CaptureNames = DEFAULT_NAMES) -> dg.AssetSpec:
     """The replication slot every bronze asset reads (health check and lag observations)."""
     return dg.AssetSpec(
-        SLOT_KEY, group_name="source", kinds={"postgres"}, owners=list(owners),
-        tags={"pgcdc/layer": "source"},
+        names.slot_key, group_name=names.scoped("source"), kinds={"postgres"},
+        owners=list(names.owners), tags={"pgcdc/layer": "source"},
         description="The logical replication slot (pgoutput) and its publication: the "
         "position up to which the source's changes are in bronze. Its checks and "
         "observations show the lag, the WAL it retains and its wal_status.",
@@ -105,16 +92,9 @@ def slot_spec(owners: Sequence[str] = DEFAULT_OWNERS) -> dg.AssetSpec:
 
 
 def source_specs(tables: Sequence[tuple[str, str]],
-                 owners: Sequence[str] = DEFAULT_OWNERS) -> list[dg.AssetSpec]:
+                 names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetSpec]:
     """The source tables (external assets, lineage roots) and the replication slot."""
-    return [
-        dg.AssetSpec(source_key(s, t), group_name="source", kinds={"postgres"},
-                     owners=list(owners), tags=table_tags("source", s, t),
-                     metadata=table_metadata(s, t),
-                     description=f"PostgreSQL table {display_name(s, t)} (captured through "
-                     "the slot).")
-        for s, t in tables
-    ] + [slot_spec(owners)]
+    return [names.spec("source", s, t) for s, t in tables] + [slot_spec(names)]
 
 
 class BronzeConfig(dg.Config):
@@ -334,113 +314,34 @@ def _silver_metadata(report: SilverReport, ctx: TableContext, before: TableStats
 def committed_facts(run: BronzeRun) -> dict[str, CommitFacts]:
     """What the run's snapshot commits know of the tables they created, by table name, while
     no window has written since (then the light checks and reports need not read the logs
-    back; issue 16)."""
+    back)."""
     if run.snapshot is None or run.stream is not None:
         return {}
     return {t.table: t.facts for t in run.snapshot.tables}
 
 
 def build_capture_assets(tables: Sequence[tuple[str, str]],
-                         owners: Sequence[str] = DEFAULT_OWNERS) -> list[dg.AssetsDefinition]:
-    """The bronze and silver multi-assets for the given ``(schema, table)`` pairs.
-
-    Each spec is built once, without its deps (given to :func:`multi_asset_io` apart), and
-    the attributes every table shares are built once (issue 16: a thousand tables)."""
-    owner_list = list(owners)
-    deps: dict[dg.AssetKey, list[dg.AssetKey]] = {}
-    bronze_specs = []
-    silver_specs = []
-    bronze_kinds, silver_kinds = {"postgres", "spark", "delta"}, {"spark", "delta"}
+                         names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetSpec]:
+    """The bronze and silver assets of the given ``(schema, table)`` pairs, and the
+    capture-wide bronze tables: asset specs, each written by the capture op only
+    (``capture_run.py``: ``initial_snapshot``, ``cdc_microbatch``), which reports a
+    materialization for each table a run changed. Their lineage: source table and slot →
+    bronze → silver. Each table's spec is the translator's
+    (:class:`~pgcdc_dagster.assets.translator.PgcdcTranslator`)."""
+    specs = []
     for s, t in tables:
-        b_key, s_key, meta = bronze_key(s, t), silver_key(s, t), table_metadata(s, t)
-        name = display_name(s, t)
-        deps[b_key] = [source_key(s, t), SLOT_KEY]
-        deps[s_key] = [b_key]
-        bronze_specs.append(dg.AssetSpec(
-            b_key, group_name="bronze", kinds=bronze_kinds, owners=owner_list,
-            tags=table_tags("bronze", s, t), metadata=meta,
-            description=f"Change events of {name} in Debezium's envelope (key, "
-            "before, after, source, op, ts_ms, transaction): one row per change, op r for the "
-            "snapshot, append-only Delta under <lakehouse>/bronze/, written exactly once per "
-            "slot window."))
-        silver_specs.append(dg.AssetSpec(
-            s_key, group_name="silver", kinds=silver_kinds, owners=owner_list,
-            tags=table_tags("silver", s, t), metadata=meta,
-            description=f"Current state of {name}: one row per key in native "
-            "Delta types, under <lakehouse>/silver/. Deleted keys stay as tombstones: read "
-            "live rows WHERE NOT __deleted."))
+        b_key = names.bronze(s, t)
+        specs.append(names.spec("bronze", s, t).replace_attributes(
+            deps=[names.source(s, t), names.slot_key]))
+        specs.append(names.spec("silver", s, t).replace_attributes(deps=[b_key]))
     for meta_name, text in META_TABLES.items():
-        deps[meta_key(meta_name)] = [SLOT_KEY]
-        bronze_specs.append(dg.AssetSpec(
-            meta_key(meta_name), group_name="bronze", kinds={"postgres", "delta"},
-            owners=owner_list, tags={"pgcdc/layer": "bronze"},
+        specs.append(dg.AssetSpec(
+            names.meta_key(meta_name), deps=[names.slot_key],
+            group_name=names.scoped("bronze"), kinds={"postgres", "delta"},
+            owners=list(names.owners), tags={"pgcdc/layer": "bronze"},
             description=f"{text} Append-only Delta at <lakehouse>/bronze/_pgcdc/{meta_name}, "
             "written with the windows of the bronze tables (exactly once)."))
-
-    @dg.multi_asset(name="bronze", pool=CAPTURE_POOL,
-                    **multi_asset_io(bronze_specs, can_subset=False, deps=deps))
-    def bronze(context: dg.AssetExecutionContext, config: BronzeConfig,
-               postgres: PostgresResource, lakehouse: LakehouseResource,
-               capture: CaptureResource,
-               spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
-        hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
-        settings = capture.settings(postgres.dsn, lakehouse.root)
-        ensure_partitions(context.instance, tables)  # incremental-snapshot backfills
-        before = {(s, t): table_stats(lakehouse.table("bronze", s, t)) for s, t in tables}
-        meta_before = {n: table_stats(lakehouse.internal(n))
-                       for n in META_TABLES}
-        started = time.monotonic()
-        run = run_bronze(settings, spark.lazy(), force_snapshot_step=config.snapshot_step,
-                         only=set(tables), progress=context.log.info)
-        seconds = time.monotonic() - started
-        for note in run.notes:
-            context.log.info(note)
-        if run.skipped:
-            context.log.warning(Resolution(skipped=run.skipped).warning())
-        health = None if run.stream is not None else slot_health(postgres.dsn, capture.slot)
-        by_name = {c.relation.qualified: c for c in run.contexts}
-        # Dagster stores each result's events while this generator waits at its yield: on
-        # the default SQLite instance, cheaper while the event storage is held.
-        with event_files_held(context.instance, context.run_id):
-            for s, t in tables:
-                ctx = by_name.get((s, t))
-                if ctx is None:
-                    raise dg.Failure(f"{display_name(s, t)} is no longer captured (dropped, or "
-                                     "no longer matched by the include list): reload the code "
-                                     "location")
-                yield dg.MaterializeResult(
-                    asset_key=bronze_key(s, t),
-                    metadata={**_bronze_metadata(run, ctx, before[(s, t)], seconds, health),
-                              **skipped_metadata(run.skipped)})
-            for name in META_TABLES:
-                uri = lakehouse.internal(name)
-                yield dg.MaterializeResult(asset_key=meta_key(name), metadata=(
-                    meta_table_metadata(run.stream, name, uri, meta_before[name], seconds)))
-
-    @dg.multi_asset(name="silver", **multi_asset_io(silver_specs, can_subset=True, deps=deps))
-    def silver(context: dg.AssetExecutionContext, postgres: PostgresResource,
-               lakehouse: LakehouseResource, capture: CaptureResource,
-               spark: SparkResource) -> Iterator[dg.MaterializeResult[Any]]:
-        settings = capture.settings(postgres.dsn, lakehouse.root)
-        selected = {table_of_key(k) for k in context.selected_asset_keys}
-        session = spark.lazy()
-        reports = []
-        for ctx in select_contexts(settings, selected):
-            key = silver_key(*ctx.relation.qualified)
-            version, bronze_from = _previous(context.instance, key)
-            before = table_stats(ctx.silver_uri, version) if version is not None \
-                else TableStats(None)
-            reports.append((ctx, before, bronze_from, apply_silver(
-                ctx, session, settings.silver_spark_threshold_rows, settings.target_file_bytes)))
-            crash_point("after_silver_merge")  # as run_silver: the crash tests' kill point
-        health = slot_health(postgres.dsn, capture.slot)
-        with event_files_held(context.instance, context.run_id):
-            for ctx, before, bronze_from, report in reports:
-                yield dg.MaterializeResult(
-                    asset_key=silver_key(*ctx.relation.qualified),
-                    metadata=_silver_metadata(report, ctx, before, bronze_from, health))
-
-    return [bronze, silver]
+    return specs
 
 
 def _previous(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[int | None, int | None]:
@@ -451,7 +352,7 @@ def _previous(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[int | Non
 
 def previous_of(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey]
                 ) -> dict[dg.AssetKey, tuple[int | None, int | None]]:
-    """:func:`_previous` of many assets, read in one query (issue 16)."""
+    """:func:`_previous` of many assets, read in one query."""
     events = instance.get_latest_materialization_events(keys) if keys else {}
     return {key: recorded_versions(events.get(key)) for key in keys}
 

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 import dagster as dg
 import psycopg2
 
-from assets.jobs import CaptureJobs
-from assets.keys import SLOT_KEY
-from assets.run_liveness import live_run_in_flight
+from pgcdc_dagster.assets.jobs import CaptureJobs, capture_jobs
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
+from pgcdc_dagster.assets.run_liveness import live_run_in_flight
 from pgcdc_dagster.cdc.column_options import parse_column_options
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.ops.discovery import describe, discover
@@ -37,8 +37,7 @@ from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import slot_health
 from pgcdc_dagster.postgres.connection import redact
 from pgcdc_dagster.postgres.privileges import explain_error
-from resources import CaptureResource, PostgresResource
-from resources.capture import split_list
+from pgcdc_dagster.resources.capture import split_list
 
 SLOT_LAG_SENSOR = "slot_lag_sensor"
 DISCOVERY_SENSOR = "table_discovery_sensor"
@@ -50,24 +49,29 @@ def lag_run_key(slot: str, confirmed: object) -> str:
 
 
 def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
-                  settings: MonitorSettings) -> list[dg.SensorDefinition]:
+                  settings: MonitorSettings, *,
+                  names: CaptureNames = DEFAULT_NAMES) -> list[dg.SensorDefinition]:
     """The slot-lag and table-discovery sensors."""
+    lag_sensor = names.scoped(SLOT_LAG_SENSOR)
 
     @dg.sensor(
-        name=SLOT_LAG_SENSOR, job=jobs.microbatch, minimum_interval_seconds=60,
+        name=lag_sensor, job=jobs.microbatch, minimum_interval_seconds=60,
+        required_resource_keys=names.resource_keys,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Launch cdc_microbatch when the slot's lag reaches "
         f"{settings.lag_trigger_bytes} bytes (PGCDC_LAG_TRIGGER_BYTES) or its retained WAL "
         f"{settings.retained_trigger_bytes} bytes (PGCDC_RETAINED_TRIGGER_BYTES) or it holds "
         f"{settings.lag_trigger_changes} row changes (PGCDC_LAG_TRIGGER_CHANGES, counted on a "
         "temporary copy of the slot); one run per confirmed LSN.")
-    def slot_lag_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource,
-                        capture: CaptureResource) -> dg.SensorResult:
+    def slot_lag_sensor(context: dg.SensorEvaluationContext,
+                        **_direct: object) -> dg.SensorResult:
+        # a direct call (sensor(context)) passes the resources as keywords too
+        postgres, _, capture, _ = names.bound(context)
         health = slot_health(postgres.dsn, capture.slot)
         seen = str(health.current_lsn)
         events: list[dg.AssetObservation] = []
         if health.exists and seen != context.cursor:
-            events.append(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
+            events.append(dg.AssetObservation(asset_key=names.slot_key, metadata={
                 "lag_bytes": health.lag_bytes,
                 "retained_bytes": health.retained_bytes,
                 "wal_status": str(health.wal_status),
@@ -108,14 +112,14 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
                             f"{explain_error(exc, redact).splitlines()[0]}")
             pending = count.changes
             if events:
-                events[0] = dg.AssetObservation(asset_key=SLOT_KEY, metadata={
+                events[0] = dg.AssetObservation(asset_key=names.slot_key, metadata={
                     **events[0].metadata, "pending_changes": pending,
                     "pending_changes_capped": count.truncated})
             if pending < threshold:
                 return skip(f"{below}; {pending} pending row changes, below {threshold}")
         running = live_run_in_flight(context.instance, postgres.dsn, capture.slot,
                                      settings.dead_run_grace_s, context.log,
-                                     noticed_by=SLOT_LAG_SENSOR)
+                                     noticed_by=lag_sensor, job_names=capture_jobs(names))
         if running is not None:
             return skip(f"lag {health.lag_bytes} bytes, but {running} is still queued or "
                         "running")
@@ -137,13 +141,15 @@ def build_sensors(tables: Sequence[tuple[str, str]], jobs: CaptureJobs,
     captured = list(tables)
 
     @dg.sensor(
-        name=DISCOVERY_SENSOR, minimum_interval_seconds=300,
+        name=names.scoped(DISCOVERY_SENSOR), minimum_interval_seconds=300,
+        required_resource_keys=names.resource_keys,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Report tables the include list (PGCDC_TABLES) matches that have no "
         "assets yet, matched tables without a primary key, and captured tables that are "
         "gone. Reload the code location to pick new tables up.")
-    def table_discovery_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource,
-                               capture: CaptureResource) -> dg.SensorResult:
+    def table_discovery_sensor(context: dg.SensorEvaluationContext,
+                               **_direct: object) -> dg.SensorResult:
+        postgres, _, capture, _ = names.bound(context)
         with postgres.get_connection() as conn:
             report = discover(conn, split_list(capture.tables),
                               split_list(capture.exclude_tables), captured,

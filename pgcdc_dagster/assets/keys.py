@@ -7,7 +7,7 @@ name them with :func:`pgcdc_dagster.names.identifier`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -61,7 +61,7 @@ def table_metadata(schema: str, table: str) -> dict[str, str]:
 def _name(key: dg.AssetKey) -> str:
     """The op input/output name of an asset: :func:`identifier` for a table's, else the
     components joined by ``__`` (the slot, the capture-wide tables: fixed plain names).
-    Cached: the definitions name every table's keys several times (issue 16)."""
+    Cached: the definitions name every table's keys several times."""
     try:
         return identifier(key.path[0], *table_of_key(key))
     except ValueError:
@@ -73,31 +73,8 @@ def dep_ins(deps: Iterable[dg.AssetKey]) -> dict[str, dg.AssetIn]:
             for k in dict.fromkeys(deps)}
 
 
-def multi_asset_io(specs: Sequence[dg.AssetSpec], *, can_subset: bool,
-                   deps: Mapping[dg.AssetKey, Sequence[dg.AssetKey]] | None = None
-                   ) -> dict[str, Any]:
-    """``outs``, ``ins`` and ``internal_asset_deps`` of a multi-asset of ``specs``, with
-    input and output names that do not collide (``@multi_asset(**multi_asset_io(...))``).
-
-    ``deps``: each spec's upstream keys when the specs are built without them (each spec
-    then built once, not copied without its deps: thousands of tables, issue 16)."""
-    outs: dict[str, dg.AssetOut] = {}
-    internal: dict[str, set[dg.AssetKey]] = {}
-    for spec in specs:
-        name = _name(spec.key)
-        if deps is None:
-            upstream = {d.asset_key for d in spec.deps}
-            spec = spec.replace_attributes(deps=[])
-        else:
-            upstream = set(deps.get(spec.key, ()))
-        outs[name] = dg.AssetOut.from_spec(spec, dagster_type=dg.Nothing,
-                                           is_required=not can_subset)
-        internal[name] = upstream
-    ins = dep_ins(k for keys in internal.values() for k in sorted(keys, key=str))
-    return {"outs": outs, "ins": ins, "internal_asset_deps": internal, "can_subset": can_subset}
-
-
-def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | None = None
+def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | None = None,
+                resource_keys: set[str] | None = None
                 ) -> Callable[[Callable[..., Any]], dg.AssetChecksDefinition]:
     """``@multi_asset_check(can_subset=True)`` with collision-free output and input names."""
     by_output = {f"{_name(s.asset_key)}_{s.name}": s for s in specs}
@@ -105,10 +82,10 @@ def multi_check(*, name: str, specs: Sequence[dg.AssetCheckSpec], pool: str | No
 
     def inner(fn: Callable[..., Any]) -> dg.AssetChecksDefinition:
         # One In and one Out shared by every table (immutable records): Dagster resolves
-        # the type of each one it is given (issue 16: thousands of tables).
+        # the type of each one it is given (thousands of tables).
         nothing_in, optional_out = dg.In(dg.Nothing), dg.Out(dg.Nothing, is_required=False)
         op_def = dg.op(
-            name=name, pool=pool,
+            name=name, pool=pool, required_resource_keys=resource_keys,
             ins=dict.fromkeys(ins, nothing_in),
             out=dict.fromkeys(by_output, optional_out))(fn)
         checks: dg.AssetChecksDefinition = dg.AssetChecksDefinition.create(

@@ -4,12 +4,12 @@
 ``pgcdc_slot``). An asset job would plan every selected table's bronze, silver and checks at
 run creation (one ``ASSET_MATERIALIZATION_PLANNED`` / ``ASSET_CHECK_EVALUATION_PLANNED``
 event each), so an idle micro-batch over 1,000 tables would write thousands of events before
-any work (issue 16). The op instead reports, at run time:
+any work. The op instead reports, at run time:
 
 * an ``AssetMaterialization`` of ``bronze/<schema>/<table>`` and ``silver/<schema>/<table>``
   for each table the run changed, with the same metadata as the assets (capture kind, LSN
   range, events by op, rows, bytes, Delta version, column schema): they appear in each
-  asset's history and metadata plots like materializations of the asset job;
+  asset's history and metadata plots (this op is the only writer of these assets);
 * the light checks (``lsn_windows_contiguous``, ``schema_matches_source``) of those tables
   and ``slot_healthy``, as ``AssetCheckEvaluation`` events of the asset checks;
 * one observation of ``source/replication_slot`` with the run's LSN range, whatever it
@@ -23,7 +23,7 @@ event; the stream starts only once they are all reported, and reports a table ag
 what it wrote to it. The slot's observation comes when the bronze step has ended.
 
 Every table's silver catches up once when the run before did not leave every silver caught up
-(it failed, or it was an asset-job, UI or incremental-snapshot run): see
+(it failed, or it was an incremental-snapshot run): see
 :func:`_silver_may_lag`.
 """
 
@@ -40,27 +40,29 @@ from typing import Any
 
 import dagster as dg
 
-from assets.capture import (
-    CAPTURE_POOL,
+from pgcdc_dagster.assets.capture import (
     META_TABLES,
     BronzeConfig,
     _bronze_metadata,
     _silver_metadata,
     committed_facts,
-    meta_key,
     meta_table_metadata,
     previous_of,
     skipped_metadata,
 )
-from assets.checks import evaluation, light_check_facts, light_check_results
-from assets.event_prepack import prepack
-from assets.event_storage import event_files_held
-from assets.keys import SLOT_KEY, bronze_key, silver_key
-from assets.partitions import ensure_partitions
-from assets.run_ranges import CAPTURE_RUN, RecentReads, SlotRuns, slot_runs, with_running
-from assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
+from pgcdc_dagster.assets.checks import evaluation, light_check_facts, light_check_results
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, Bound, CaptureNames
+from pgcdc_dagster.assets.partitions import ensure_partitions
+from pgcdc_dagster.assets.run_ranges import (
+    CAPTURE_RUN,
+    RecentReads,
+    SlotRuns,
+    slot_runs,
+    with_running,
+)
+from pgcdc_dagster.assets.slot_hold import SLOT_LOCK_TAG, hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
-from pgcdc_dagster.capture.runner import BronzeRun, apply_silver_tables, run_bronze
+from pgcdc_dagster.capture.runner import BronzeRun
 from pgcdc_dagster.capture.silver_apply import SilverReport
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.lake.delta import shared_reads
@@ -70,13 +72,11 @@ from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
 from pgcdc_dagster.postgres.discovery import Resolution
 from pgcdc_dagster.postgres.slot_lock import SlotLease, lease_lent
 from pgcdc_dagster.spark import release
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
 CAPTURE_OP = "capture"
-BRONZE_WRITING_JOBS = ("cdc_microbatch", "initial_snapshot", "incremental_snapshot",
-                       "capture_assets")
-"""Jobs that write bronze (``pgcdc/job`` tag values; UI materializations carry the slot-lock
-tag instead)."""
+BRONZE_WRITING_JOBS = ("cdc_microbatch", "initial_snapshot", "incremental_snapshot")
+"""Jobs that write bronze (``pgcdc/job`` tag values; a run that took the slot lock carries the
+slot-lock tag too)."""
 LEAN_JOBS = ("cdc_microbatch", "initial_snapshot")
 """The jobs of the capture op: they leave every silver caught up when they succeed."""
 _RECENT_RUNS = 50
@@ -85,19 +85,22 @@ METADATA_THREADS = 2
 the events (an event write waits on the instance's storage, a metadata read on Delta logs)."""
 
 
-def _silver_may_lag(instance: dg.DagsterInstance, run_id: str) -> bool:
+def _silver_may_lag(instance: dg.DagsterInstance, run_id: str,
+                    names: CaptureNames = DEFAULT_NAMES) -> bool:
     """True unless the last run before this one that wrote bronze was a lean capture run that
-    succeeded: after a failed run (a crash between a bronze commit and the silver MERGE), an
-    asset-job or UI materialization (bronze possibly without silver) or an incremental
-    snapshot (which catches up only its own tables' silver), every silver catches up once.
-    A few run records are read, whatever the table count."""
-    for run in instance.get_runs(limit=_RECENT_RUNS):
+    succeeded: after a failed run (a crash between a bronze commit and the silver MERGE) or
+    an incremental snapshot (which catches up only its own tables' silver), every silver
+    catches up once.
+    A few run records are read, whatever the table count; a named capture's own only."""
+    only = dg.RunsFilter(tags={"pgcdc/capture": names.name}) if names.name else None
+    lean = {names.scoped(job) for job in LEAN_JOBS}
+    for run in instance.get_runs(only, limit=_RECENT_RUNS):
         if run.run_id == run_id:
             continue
         if run.tags.get(SLOT_LOCK_TAG) is None and \
                 run.tags.get("pgcdc/job") not in BRONZE_WRITING_JOBS:
             continue  # checks, maintenance, signals: no bronze written
-        return not (run.job_name in LEAN_JOBS and run.status == dg.DagsterRunStatus.SUCCESS)
+        return not (run.job_name in lean and run.status == dg.DagsterRunStatus.SUCCESS)
     return True  # none recent: be safe
 
 
@@ -121,34 +124,34 @@ def _run_range(run: BronzeRun) -> dict[str, Any]:
     return meta
 
 
-def build_capture_op(tables: Sequence[tuple[str, str]],
-                     settings: MonitorSettings) -> dg.OpDefinition:
+def build_capture_op(tables: Sequence[tuple[str, str]], settings: MonitorSettings, *,
+                     names: CaptureNames = DEFAULT_NAMES) -> dg.OpDefinition:
     """The ``capture`` op over ``tables`` (one definition, shared by the capture jobs)."""
     captured = list(tables)
 
-    @dg.op(name=CAPTURE_OP, pool=CAPTURE_POOL,
+    @dg.op(name=names.scoped(CAPTURE_OP), pool=names.pool,
+           required_resource_keys=names.resource_keys,
            description="Snapshot when snapshot.mode asks for it, read bounded slot windows "
            "into bronze (exactly once), merge the changed tables' silver, advance the slot; "
            "report materializations and light checks of the tables changed.")
-    def capture_op(context: dg.OpExecutionContext, config: BronzeConfig,
-                   postgres: PostgresResource, lakehouse: LakehouseResource,
-                   capture: CaptureResource, spark: SparkResource) -> None:
-        # Four events per changed table: on the default SQLite instance, each costs half
-        # as much while the run's event files stay open (assets/event_storage.py).
-        with event_files_held(context.instance, context.run_id):
-            run_capture(context, config, postgres, lakehouse, capture, spark)
+    def capture_op(context: dg.OpExecutionContext, config: BronzeConfig) -> None:
+        run_capture(context, config)
 
-    def run_capture(context: dg.OpExecutionContext, config: BronzeConfig,
-                    postgres: PostgresResource, lakehouse: LakehouseResource,
-                    capture: CaptureResource, spark: SparkResource) -> None:
+    def run_capture(context: dg.OpExecutionContext, config: BronzeConfig) -> None:
+        postgres, lakehouse, capture, spark = names.bound(context)
         lease = hold_slot_for_run(context, capture, postgres.dsn)  # one reader, whole run
+        if not captured:  # loaded while the source did not answer (assets/catalog.py)
+            raise dg.Failure(f"the definitions capture no table: the code location was loaded "
+                             f"while the source ({postgres.describe()}) could not be read and "
+                             "no catalog was cached; reload the code location",
+                             allow_retries=False)
         instance = context.instance
-        cap = capture.settings(postgres.dsn, lakehouse.root)
-        ensure_partitions(instance, captured)  # incremental-snapshot backfills
-        sweep = _silver_may_lag(instance, context.run_id)
-        handle = spark.lazy()
+        run_context = names.run_context(  # what the engine needs, once per run
+            Bound(postgres, lakehouse, capture, spark), context.run_id, captured)
+        ensure_partitions(instance, captured, names)  # incremental-snapshot backfills
+        sweep = _silver_may_lag(instance, context.run_id, names)
         started = time.monotonic()
-        reporter = _Reporter(context, settings, lakehouse.internal)
+        reporter = _Reporter(context, settings, lakehouse.internal, names)
         recent = RecentReads()  # the early reports' look-back, read once across batches
 
         def early(part: BronzeRun) -> None:
@@ -156,16 +159,18 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
             changed, current = part.changed(), part.current_silver()
             # The light checks chain this run by its range so far (its observation is
             # written when the bronze step ends), not by these tables' materializations.
-            observed = with_running(slot_runs(instance, settings.history_limit),
+            observed = with_running(slot_runs(instance, settings.history_limit,
+                                              names.slot_key),
                                     context.run_id, _run_range(part))
             reporter.report(part, changed, [(c, current.get(c.name)) for c in changed],
                             slot_health(postgres.dsn, capture.slot),
                             time.monotonic() - started, observed=observed, recent=recent)
             reporter.early.update(c.name for c in changed)
 
-        run = _bronze_in_thread(context, lease, lambda progress, committed, settled: run_bronze(
-            cap, handle, force_snapshot_step=config.snapshot_step, only=set(captured),
-            progress=progress, on_committed=committed, after_snapshot=settled), early)
+        run = _bronze_in_thread(
+            context, lease, lambda progress, committed, settled: run_context.bronze(
+                force_snapshot_step=config.snapshot_step, progress=progress,
+                on_committed=committed, after_snapshot=settled), early)
         seconds = time.monotonic() - started
         for note in run.notes:
             context.log.info(note)
@@ -181,7 +186,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         # The run's LSN range first: the slot has moved, so the range must be on record even
         # when the run dies or fails later (reporting tables, merging silver); otherwise
         # lsn_windows_contiguous finds a "never read" gap in every table the run left alone.
-        context.log_event(dg.AssetObservation(asset_key=SLOT_KEY, metadata={
+        context.log_event(dg.AssetObservation(asset_key=names.slot_key, metadata={
             **_run_range(run), "tables_changed": len(changed),
             "tables_captured": len(run.names), "duration_s": round(seconds, 3),
             "lag_bytes": health.lag_bytes, "wal_status": str(health.wal_status),
@@ -190,9 +195,9 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         # wrote to them after it (their snapshot part is on record).
         streamed = run.stream.events_by_table() if run.stream is not None else {}
         left = [c for c in changed if c.name not in reporter.early or c.name in streamed]
-        names = {c.name for c in changed}
+        changed_names = {c.name for c in changed}
         # Only the catch-up sweep builds (opens) every table; a regular run only the changed.
-        silver_of = left + [c for c in run.contexts if c.name not in names] if sweep \
+        silver_of = left + [c for c in run.contexts if c.name not in changed_names] if sweep \
             else left
         if len(silver_of) > len(left):  # the catch-up sweep (one event, not per run)
             context.log.info(f"silver of {len(silver_of)} tables "
@@ -200,8 +205,7 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         # Tables the snapshot just committed, silver and all, have nothing to catch up.
         current = run.current_silver()
         behind = [c for c in silver_of if c.name not in current]
-        caught_up = dict(zip([c.name for c in behind], apply_silver_tables(
-            behind, handle, cap.silver_spark_threshold_rows, cap.target_file_bytes), strict=True))
+        caught_up = dict(zip([c.name for c in behind], run_context.silver(behind), strict=True))
         release.spark_work_done()  # a one-run process ends its JVM while the run reports
         left_names = {c.name for c in left}
         silver = [(ctx, report) for ctx, report in (
@@ -271,8 +275,9 @@ class _Reporter:
     """Writes a capture run's materializations and light checks (from the op's thread)."""
 
     def __init__(self, context: dg.OpExecutionContext, settings: MonitorSettings,
-                 internal: Callable[[str], str]) -> None:
+                 internal: Callable[[str], str], names: CaptureNames = DEFAULT_NAMES) -> None:
         self.context = context
+        self.names = names
         self.settings = settings
         self.internal = internal
         """The URI of a capture-wide bronze table (``LakehouseResource.internal``)."""
@@ -297,7 +302,8 @@ class _Reporter:
             with shared_reads():
                 for result in light_check_results(
                         instance, changed, health, self.settings, slot=observed is None,
-                        facts=facts.result(), observed=observed, recent=recent):
+                        facts=facts.result(), observed=observed, recent=recent,
+                        names=self.names):
                     # log_event records check evaluations too (its annotation lists the
                     # others only)
                     context.log_event(evaluation(result))  # type: ignore[arg-type]
@@ -307,21 +313,22 @@ class _Reporter:
                           health: SlotHealth, seconds: float, meta_tables: bool) -> None:
         context, instance = self.context, self.context.instance
         stream_only = dataclasses.replace(run, snapshot=None)
+        bronze_key, silver_key = self.names.bronze, self.names.silver
         bronze_before = previous_of(instance, [bronze_key(*c.relation.qualified)
                                                for c in changed])
 
         def bronze_event(ctx: TableContext) -> dg.AssetMaterialization:
             key = bronze_key(*ctx.relation.qualified)
-            with shared_reads():  # each table opened once for its metadata (issue 16)
+            with shared_reads():  # each table opened once for its metadata
                 before = _before(bronze_before[key][0], ctx.bronze_uri)
-                return prepack(dg.AssetMaterialization(asset_key=key, metadata={
+                return dg.AssetMaterialization(asset_key=key, metadata={
                     **_bronze_metadata(stream_only if ctx.name in self.early else run,
                                        ctx, before, seconds,
                                        None if run.stream is not None else health),
-                    **skipped_metadata(run.skipped)}))
+                    **skipped_metadata(run.skipped)})
 
-        # The tables' metadata is read, and each event built and packed for serialization
-        # (assets/event_prepack.py), by worker threads while this one writes the events.
+        # The tables' metadata is read, and each event built, by worker threads while this
+        # one writes the events.
         with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
             for event in pool.map(bronze_event, changed):
                 context.log_event(event)
@@ -341,10 +348,10 @@ class _Reporter:
             created = snapped.facts.bronze if snapped is not None else None
             with shared_reads():
                 known = snapped.silver_stats if snapped is not None else None
-                return prepack(dg.AssetMaterialization(asset_key=key, metadata=_silver_metadata(
+                return dg.AssetMaterialization(asset_key=key, metadata=_silver_metadata(
                     report, ctx, _before(version, ctx.silver_uri), bronze_from, health,
                     known if known is not None and known.version == report.silver_version
-                    else None, created.commits if created is not None else None)))
+                    else None, created.commits if created is not None else None))
 
         with ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="pgcdc-meta") as pool:
             for event in pool.map(silver_event, applied):
@@ -358,7 +365,7 @@ class _Reporter:
             for meta_name in META_TABLES:
                 if internal_events_key(meta_name) not in meta_events:
                     continue
-                key = meta_key(meta_name)
+                key = self.names.meta_key(meta_name)
                 uri = self.internal(meta_name)
                 self.context.log_event(dg.AssetMaterialization(asset_key=key, metadata=(
                     meta_table_metadata(run.stream, meta_name, uri,
@@ -367,13 +374,16 @@ class _Reporter:
 
 
 def build_capture_job(name: str, op: dg.OpDefinition, *, snapshot_step: bool,
-                      description: str) -> dg.JobDefinition:
+                      description: str, names: CaptureNames = DEFAULT_NAMES
+                      ) -> dg.JobDefinition:
     """A lean capture job (``cdc_microbatch`` or ``initial_snapshot``) of the capture op."""
-    run_config: dict[str, Any] = {"ops": {CAPTURE_OP: {"config": {"snapshot_step": True}}}} \
+    run_config: dict[str, Any] = {"ops": {names.scoped(CAPTURE_OP): {"config": {
+        "snapshot_step": True}}}} \
         if snapshot_step else {}
 
-    @dg.job(name=name, description=description, config=run_config,
-            executor_def=dg.in_process_executor, tags={"pgcdc/job": name})
+    @dg.job(name=names.scoped(name), description=description, config=run_config,
+            executor_def=dg.in_process_executor,
+            tags={"pgcdc/job": name, **({"pgcdc/capture": names.name} if names.name else {})})
     def capture_job() -> None:
         op()
 

@@ -1,4 +1,4 @@
-"""The ``capture_checks`` job: every check of every captured table, in one op (issue 16).
+"""The ``capture_checks`` job: every check of every captured table, in one op.
 
 An asset job selecting every asset check would write one ``ASSET_CHECK_EVALUATION_PLANNED``
 event per check when the run is created, before any work, and run each check kind as its
@@ -29,8 +29,7 @@ from collections.abc import Iterator, Sequence
 
 import dagster as dg
 
-from assets.capture import CAPTURE_POOL
-from assets.checks import (
+from pgcdc_dagster.assets.checks import (
     EXPECTED_ERRORS,
     LSN_WINDOWS,
     MATCHES_SOURCE,
@@ -42,9 +41,8 @@ from assets.checks import (
     slot_result,
     table_check_results,
 )
-from assets.event_storage import event_files_held
-from assets.keys import SLOT_KEY, bronze_key, silver_key
-from assets.run_ranges import table_runs
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
+from pgcdc_dagster.assets.run_ranges import table_runs
 from pgcdc_dagster.capture.snapshot import load_capture
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.lsn import Lsn
@@ -55,22 +53,23 @@ from pgcdc_dagster.ops.slot_health import slot_health
 from pgcdc_dagster.ops.table_facts import TableFacts, read_all_facts
 from pgcdc_dagster.postgres.connection import redact
 from pgcdc_dagster.postgres.privileges import explain_error
-from resources import CaptureResource, LakehouseResource, PostgresResource
 
 SWEEP_OP = "check_sweep"
 
 
-def table_keys(schema: str, table: str) -> list[dg.AssetCheckKey]:
+def table_keys(schema: str, table: str,
+               names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetCheckKey]:
     """The checks of one table the sweep reports."""
-    return [dg.AssetCheckKey(silver_key(schema, table), MATCHES_SOURCE),
-            dg.AssetCheckKey(silver_key(schema, table), SCHEMA_MATCHES),
-            dg.AssetCheckKey(bronze_key(schema, table), LSN_WINDOWS)]
+    return [dg.AssetCheckKey(names.silver(schema, table), MATCHES_SOURCE),
+            dg.AssetCheckKey(names.silver(schema, table), SCHEMA_MATCHES),
+            dg.AssetCheckKey(names.bronze(schema, table), LSN_WINDOWS)]
 
 
-def sweep_keys(tables: Sequence[tuple[str, str]]) -> list[dg.AssetCheckKey]:
+def sweep_keys(tables: Sequence[tuple[str, str]],
+               names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetCheckKey]:
     """Every check key the sweep reports: three per table and the slot's."""
-    return [*(k for s, t in tables for k in table_keys(s, t)),
-            dg.AssetCheckKey(SLOT_KEY, SLOT_HEALTHY)]
+    return [*(k for s, t in tables for k in table_keys(s, t, names)),
+            dg.AssetCheckKey(names.slot_key, SLOT_HEALTHY)]
 
 
 class _Timer:
@@ -91,23 +90,20 @@ class _Timer:
 
 def build_checks_job(name: str, tables: Sequence[tuple[str, str]],
                      settings: MonitorSettings, *, description: str,
-                     tags: dict[str, str]) -> dg.JobDefinition:
+                     tags: dict[str, str], names: CaptureNames = DEFAULT_NAMES
+                     ) -> dg.JobDefinition:
     """The ``capture_checks`` op job over ``tables``."""
     swept = list(tables)
 
-    @dg.op(name=SWEEP_OP, pool=CAPTURE_POOL,
+    @dg.op(name=names.scoped(SWEEP_OP), pool=names.pool, required_resource_keys=names.resource_keys,
            description="Every check of every captured table and of the slot: silver against "
            "the source (one slot lock, snapshot and peek for all), schema drift, bronze LSN "
            "windows, slot health; reported as asset check evaluations.")
-    def check_sweep(context: dg.OpExecutionContext, postgres: PostgresResource,
-                    lakehouse: LakehouseResource, capture: CaptureResource) -> None:
-        # Three evaluation events per table: on the default SQLite instance, each costs
-        # less while the run's event files stay open (assets/event_storage.py).
-        with event_files_held(context.instance, context.run_id):
-            sweep(context, postgres, lakehouse, capture)
+    def check_sweep(context: dg.OpExecutionContext) -> None:
+        sweep(context)
 
-    def sweep(context: dg.OpExecutionContext, postgres: PostgresResource,
-              lakehouse: LakehouseResource, capture: CaptureResource) -> None:
+    def sweep(context: dg.OpExecutionContext) -> None:
+        postgres, lakehouse, capture, _ = names.bound(context)
         timer = _Timer()
         written = 0
 
@@ -123,17 +119,17 @@ def build_checks_job(name: str, tables: Sequence[tuple[str, str]],
         try:
             health = slot_health(postgres.dsn, capture.slot)
             confirmed = health.confirmed_flush_lsn
-            report(iter([slot_result(health, settings)]))
+            report(iter([slot_result(health, settings, names)]))
         except EXPECTED_ERRORS as exc:
             confirmed = exc
-            report(iter([not_evaluated(dg.AssetCheckKey(SLOT_KEY, SLOT_HEALTHY),
+            report(iter([not_evaluated(dg.AssetCheckKey(names.slot_key, SLOT_HEALTHY),
                                        explain_error(exc, redact))]))
         timer.lap("slot")
         try:
             captured, skipped = load_capture(capture.settings(postgres.dsn, lakehouse.root))
         except EXPECTED_ERRORS as exc:  # source unreachable: no check of a table can run
             why = explain_error(exc, redact)
-            report(not_evaluated(k, why) for s, t in swept for k in table_keys(s, t))
+            report(not_evaluated(k, why) for s, t in swept for k in table_keys(s, t, names))
             return
         contexts = {c.relation.qualified: c for c in captured}
         left_out = {(t.schema, t.table): t for t in skipped}
@@ -154,8 +150,9 @@ def build_checks_job(name: str, tables: Sequence[tuple[str, str]],
         except EXPECTED_ERRORS as exc:  # e.g. no REPLICATION to peek: every table says why
             consistency = {c.name: exc for c, _ in readable}
         timer.lap("comparison")
-        runs = table_runs(context.instance, [bronze_key(*c.relation.qualified)
-                                             for c in present], settings.history_limit)
+        runs = table_runs(context.instance, [names.bronze(*c.relation.qualified)
+                                             for c in present], settings.history_limit,
+                          slot_key=names.slot_key)
         timer.lap("run ranges")
 
         def results() -> Iterator[dg.AssetCheckResult]:
@@ -166,15 +163,15 @@ def build_checks_job(name: str, tables: Sequence[tuple[str, str]],
                     reason = why.describe() if why is not None else (
                         f"{display_name(s, t)} is no longer captured (dropped, or not "
                         "matched by the include list)")
-                    yield from (not_evaluated(k, reason) for k in table_keys(s, t))
+                    yield from (not_evaluated(k, reason) for k in table_keys(s, t, names))
                     continue
                 found = facts_of[ctx.name]
                 if isinstance(found, Exception):  # its Delta logs could not be read
                     error = explain_error(found, redact)
-                    yield from (not_evaluated(k, error) for k in table_keys(s, t))
+                    yield from (not_evaluated(k, error) for k in table_keys(s, t, names))
                     continue
-                yield from table_check_results(ctx, found, runs[bronze_key(s, t)], confirmed,
-                                               consistency[ctx.name])
+                yield from table_check_results(ctx, found, runs[names.bronze(s, t)], confirmed,
+                                               consistency[ctx.name], names)
 
         facts_of = {c.name: f for c, f in zip(present, facts, strict=True)}
         report(results())

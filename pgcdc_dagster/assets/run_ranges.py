@@ -5,11 +5,11 @@ records hold them:
 
 * each lean capture run (``cdc_microbatch``, ``initial_snapshot``) records one observation of
   ``source/replication_slot`` with its range, whatever tables it changed;
-* asset-job and incremental-snapshot runs record the range on the bronze materializations of
-  the tables they wrote.
+* incremental-snapshot runs record the range on the bronze materializations of the tables
+  they wrote.
 
-A sweep over many tables reads them in a fixed number of instance queries, not one per table
-(issue 16): the slot's observations; the materialization events since the oldest of them,
+A sweep over many tables reads them in a fixed number of instance queries, not one per table:
+the slot's observations; the materialization events since the oldest of them,
 projected onto their indexed columns (no payload); the payloads of the few whose run recorded
 no observation; the tables' wipe times.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import dagster as dg
 
-from assets.keys import SLOT_KEY
+from pgcdc_dagster.assets.keys import SLOT_KEY
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.ops.lsn_windows import RunRange
 
@@ -40,9 +40,10 @@ SlotRuns = tuple[dict[str, tuple[int, Any]], int]
 lowest storage id they cover (0 when every observation was read)."""
 
 
-def slot_runs(instance: dg.DagsterInstance, limit: int) -> SlotRuns:
+def slot_runs(instance: dg.DagsterInstance, limit: int,
+              slot_key: dg.AssetKey = SLOT_KEY) -> SlotRuns:
     """The ranges the lean capture runs recorded on the slot (one observation per run)."""
-    records = instance.fetch_observations(SLOT_KEY, limit=limit).records
+    records = instance.fetch_observations(slot_key, limit=limit).records
     by_run: dict[str, tuple[int, Any]] = {}
     for obs in records:
         event = obs.asset_observation
@@ -99,7 +100,7 @@ Summary = tuple[int, float, str]
 
 @dataclasses.dataclass
 class RecentReads:
-    """The materializations one run's checks have read so far (issue 16). Materializations
+    """The materializations one run's checks have read so far. Materializations
     are only appended, so a later read in the same run asks only for those stored since the
     newest it saw: a snapshot's early reports (a batch of tables at a time) read each
     materialization once, not once per batch (which grew with the square of the table count).
@@ -169,14 +170,15 @@ def _payloads(instance: dg.DagsterInstance, storage_ids: Sequence[int]) -> dict[
 
 
 def table_runs(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey], limit: int,
-               observed: SlotRuns | None = None, recent: RecentReads | None = None
-               ) -> dict[dg.AssetKey, list[RunRange]]:
+               observed: SlotRuns | None = None, recent: RecentReads | None = None,
+               slot_key: dg.AssetKey = SLOT_KEY) -> dict[dg.AssetKey, list[RunRange]]:
     """The capture runs' ranges of each bronze table (``keys``), oldest first: the ranges
     the lean runs recorded on the slot merged with the table's own bronze materializations
     of other runs, one range per run, the last ``limit``. ``observed``: :func:`slot_runs`
     when already read; ``recent``: what this run read before (:class:`RecentReads`). A fixed
     number of instance queries whatever the number of keys."""
-    on_slot, floor = observed if observed is not None else slot_runs(instance, limit)
+    on_slot, floor = observed if observed is not None else slot_runs(instance, limit,
+                                                                     slot_key)
     recent_of = _recent_materializations(instance, keys, floor, limit, recent) if keys else {}
     # A lean run's materializations repeat the range of its observation: their payloads are
     # not needed, nor, when a table has no other, its wipe time.

@@ -26,10 +26,9 @@ import psycopg2
 import pyarrow as pa
 from deltalake.exceptions import DeltaError
 
-from assets.capture import CAPTURE_POOL
-from assets.event_storage import event_files_held
-from assets.keys import SLOT_KEY, bronze_key, multi_check, silver_key, table_of_key
-from assets.run_ranges import RecentReads, SlotRuns, table_runs
+from pgcdc_dagster.assets.keys import multi_check
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
+from pgcdc_dagster.assets.run_ranges import RecentReads, SlotRuns, table_runs
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_capture
 from pgcdc_dagster.capture.tables import TableContext
@@ -52,7 +51,7 @@ from pgcdc_dagster.ops.table_facts import CommitFacts, TableFacts, read_all_fact
 from pgcdc_dagster.postgres.connection import redact
 from pgcdc_dagster.postgres.discovery import SkippedTable
 from pgcdc_dagster.postgres.privileges import explain_error
-from resources import CaptureResource, LakehouseResource, PostgresResource
+from pgcdc_dagster.resources import CaptureResource, LakehouseResource, PostgresResource
 
 MATCHES_SOURCE = "matches_source"
 SCHEMA_MATCHES = "schema_matches_source"
@@ -65,16 +64,18 @@ ERROR = dg.AssetCheckSeverity.ERROR
 WARN = dg.AssetCheckSeverity.WARN
 
 
-def matches_source_keys(tables: Sequence[tuple[str, str]]) -> list[dg.AssetCheckKey]:
-    return [dg.AssetCheckKey(silver_key(s, t), MATCHES_SOURCE) for s, t in tables]
+def matches_source_keys(tables: Sequence[tuple[str, str]],
+                        names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetCheckKey]:
+    return [dg.AssetCheckKey(names.silver(s, t), MATCHES_SOURCE) for s, t in tables]
 
 
-def light_check_keys(tables: Sequence[tuple[str, str]]) -> list[dg.AssetCheckKey]:
+def light_check_keys(tables: Sequence[tuple[str, str]],
+                     names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetCheckKey]:
     """The checks cheap enough to run after every capture run."""
     return [
-        *(dg.AssetCheckKey(bronze_key(s, t), LSN_WINDOWS) for s, t in tables),
-        *(dg.AssetCheckKey(silver_key(s, t), SCHEMA_MATCHES) for s, t in tables),
-        dg.AssetCheckKey(SLOT_KEY, SLOT_HEALTHY),
+        *(dg.AssetCheckKey(names.bronze(s, t), LSN_WINDOWS) for s, t in tables),
+        *(dg.AssetCheckKey(names.silver(s, t), SCHEMA_MATCHES) for s, t in tables),
+        dg.AssetCheckKey(names.slot_key, SLOT_HEALTHY),
     ]
 
 
@@ -82,8 +83,6 @@ def _selected(context: dg.AssetCheckExecutionContext) -> list[dg.AssetCheckKey]:
     return sorted(context.selected_asset_check_keys, key=lambda k: k.to_user_string())
 
 
-def _table(key: dg.AssetCheckKey) -> tuple[str, str]:
-    return table_of_key(key.asset_key)
 
 
 def not_evaluated(key: dg.AssetCheckKey, why: str) -> dg.AssetCheckResult:
@@ -97,8 +96,8 @@ RunContexts = tuple[dict[tuple[str, str], TableContext], dict[tuple[str, str], S
 
 _RUN_CONTEXTS: dict[str, RunContexts] = {}
 """The contexts of the run in progress: the check steps of one run of the check definitions
-(the UI's *Execute* of several checks, ``capture_assets``' light checks; ``capture_checks`` is
-one op of its own, ``check_sweep.py``) load them once, not once per step."""
+(the UI's *Execute* of several checks; ``capture_checks`` is one op of its own,
+``check_sweep.py``) load them once, not once per step."""
 
 
 def _run_contexts(run_id: str, settings: CaptureSettings) -> RunContexts:
@@ -116,10 +115,14 @@ def _per_table(context: dg.AssetCheckExecutionContext, postgres: PostgresResourc
                lakehouse: LakehouseResource, capture: CaptureResource,
                evaluate: Callable[[dg.AssetCheckKey, TableContext], dg.AssetCheckResult],
                prepare: Callable[[Sequence[TableContext]], None] | None = None,
-               ) -> Iterator[dg.AssetCheckResult]:
+               names: CaptureNames = DEFAULT_NAMES) -> Iterator[dg.AssetCheckResult]:
     """Load the selected tables' contexts (once per run) and evaluate each selected check;
     ``prepare`` receives the contexts first (work done for all tables at once)."""
     keys = _selected(context)
+
+    def _table(key: dg.AssetCheckKey) -> tuple[str, str]:
+        return names.table_of(key.asset_key)
+
     try:
         settings = capture.settings(postgres.dsn, lakehouse.root)
         contexts, left_out = _run_contexts(context.op_execution_context.run_id, settings)
@@ -130,22 +133,18 @@ def _per_table(context: dg.AssetCheckExecutionContext, postgres: PostgresResourc
         for key in keys:
             yield not_evaluated(key, explain_error(exc, redact))
         return
-    # Dagster stores each evaluation while this generator waits at its yield: on the
-    # default SQLite instance, cheaper while the event storage is held.
-    op_context = context.op_execution_context
-    with event_files_held(op_context.instance, op_context.run_id):
-        for key in keys:
-            ctx = contexts.get(_table(key))
-            if ctx is None:
-                why = left_out.get(_table(key))  # e.g. SELECT revoked: the reason, the GRANT
-                yield not_evaluated(key, why.describe() if why is not None else
-                                     f"{display_name(*_table(key))} is no longer captured "
-                                     "(dropped, or not matched by the include list)")
-                continue
-            try:
-                yield evaluate(key, ctx)
-            except EXPECTED_ERRORS as exc:
-                yield not_evaluated(key, explain_error(exc, redact))
+    for key in keys:
+        ctx = contexts.get(_table(key))
+        if ctx is None:
+            why = left_out.get(_table(key))  # e.g. SELECT revoked: the reason, the GRANT
+            yield not_evaluated(key, why.describe() if why is not None else
+                                 f"{display_name(*_table(key))} is no longer captured "
+                                 "(dropped, or not matched by the include list)")
+            continue
+        try:
+            yield evaluate(key, ctx)
+        except EXPECTED_ERRORS as exc:
+            yield not_evaluated(key, explain_error(exc, redact))
 
 
 def evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:
@@ -244,16 +243,16 @@ def schema_result(key: dg.AssetCheckKey, ctx: TableContext,
 
 def table_check_results(ctx: TableContext, facts: TableFacts | Exception,
                         runs: Sequence[RunRange], confirmed: Lsn | Exception | None,
-                        consistency: ConsistencyReport | Exception | None = None
-                        ) -> Iterator[dg.AssetCheckResult]:
+                        consistency: ConsistencyReport | Exception | None = None,
+                        names: CaptureNames = DEFAULT_NAMES) -> Iterator[dg.AssetCheckResult]:
     """The checks of one table from what was read for many at once: its Delta facts (or why
     they could not be read), its runs' ranges, the slot's position (or why it could not be
     read) and, in a sweep, its comparison with the source. A check that cannot evaluate
     reports why."""
     s, t = ctx.relation.qualified
-    windows = dg.AssetCheckKey(bronze_key(s, t), LSN_WINDOWS)
-    schema = dg.AssetCheckKey(silver_key(s, t), SCHEMA_MATCHES)
-    matches = dg.AssetCheckKey(silver_key(s, t), MATCHES_SOURCE)
+    windows = dg.AssetCheckKey(names.bronze(s, t), LSN_WINDOWS)
+    schema = dg.AssetCheckKey(names.silver(s, t), SCHEMA_MATCHES)
+    matches = dg.AssetCheckKey(names.silver(s, t), MATCHES_SOURCE)
     keys = [windows, schema] + ([matches] if consistency is not None else [])
     if isinstance(facts, Exception):
         for key in keys:
@@ -291,8 +290,8 @@ def light_check_facts(contexts: Sequence[TableContext], settings: MonitorSetting
 def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableContext],
                         health: SlotHealth, settings: MonitorSettings, *, slot: bool = True,
                         facts: Sequence[TableFacts | Exception] | None = None,
-                        observed: SlotRuns | None = None, recent: RecentReads | None = None
-                        ) -> Iterator[dg.AssetCheckResult]:
+                        observed: SlotRuns | None = None, recent: RecentReads | None = None,
+                        names: CaptureNames = DEFAULT_NAMES) -> Iterator[dg.AssetCheckResult]:
     """The light checks of the given tables (a capture run passes the tables it changed)
     and, with ``slot``, of the slot; a check that cannot evaluate reports why, as in the
     check ops. The tables' Delta logs are read once each (``facts``: already read, by
@@ -300,19 +299,20 @@ def light_check_results(instance: dg.DagsterInstance, contexts: Sequence[TableCo
     (``observed``: the slot's runs, ``recent``: what the run read before, see
     :func:`~assets.run_ranges.table_runs`)."""
     if slot:
-        yield slot_result(health, settings)
+        yield slot_result(health, settings, names)
     if not contexts:
         return
     if facts is None:
         facts = light_check_facts(contexts, settings)
-    runs = table_runs(instance, [bronze_key(*c.relation.qualified) for c in contexts],
-                      settings.history_limit, observed, recent)
+    runs = table_runs(instance, [names.bronze(*c.relation.qualified) for c in contexts],
+                      settings.history_limit, observed, recent, names.slot_key)
     for ctx, found in zip(contexts, facts, strict=True):
-        yield from table_check_results(ctx, found, runs[bronze_key(*ctx.relation.qualified)],
-                                       health.confirmed_flush_lsn)
+        yield from table_check_results(ctx, found, runs[names.bronze(*ctx.relation.qualified)],
+                                       health.confirmed_flush_lsn, names=names)
 
 
-def slot_result(health: SlotHealth, settings: MonitorSettings) -> dg.AssetCheckResult:
+def slot_result(health: SlotHealth, settings: MonitorSettings,
+                names: CaptureNames = DEFAULT_NAMES) -> dg.AssetCheckResult:
     """``slot_healthy`` from the slot's health."""
     problems = health.problems(settings.slot)
     fatal = not health.exists or health.wal_status not in HEALTHY_WAL_STATUS
@@ -338,27 +338,29 @@ def slot_result(health: SlotHealth, settings: MonitorSettings) -> dg.AssetCheckR
     description = (f"slot {health.name!r}: wal_status {health.wal_status}, lag "
                    f"{health.lag_bytes} bytes, retains {health.retained_bytes} bytes"
                    if not problems else f"slot {health.name!r}: " + "; ".join(problems))
-    return dg.AssetCheckResult(asset_key=SLOT_KEY, check_name=SLOT_HEALTHY,
+    return dg.AssetCheckResult(asset_key=names.slot_key, check_name=SLOT_HEALTHY,
                                passed=not problems, severity=ERROR if fatal else WARN,
                                description=description, metadata=meta)
 
 
-def build_asset_checks(tables: Sequence[tuple[str, str]],
-                       settings: MonitorSettings) -> list[dg.AssetChecksDefinition]:
+def build_asset_checks(tables: Sequence[tuple[str, str]], settings: MonitorSettings, *,
+                       names: CaptureNames = DEFAULT_NAMES) -> list[dg.AssetChecksDefinition]:
     """The checks of the captured tables and of the slot."""
     checks: list[dg.AssetChecksDefinition] = []
     if tables:
-        checks.extend(_table_checks(tables, settings))
+        checks.extend(_table_checks(tables, settings, names))
 
-    @dg.asset_check(asset=SLOT_KEY, name=SLOT_HEALTHY,
+    @dg.asset_check(asset=names.slot_key, name=SLOT_HEALTHY,
+                    required_resource_keys=names.resource_keys,
                     description="The replication slot exists, its wal_status is reserved or "
                     "extended, and its lag, retained WAL and spill ratio are within the "
                     "thresholds (PGCDC_SLOT_MAX_LAG_BYTES, PGCDC_SLOT_MAX_RETAINED_BYTES, "
                     "PGCDC_SLOT_MAX_SPILL_RATIO).")
-    def slot_healthy(postgres: PostgresResource, capture: CaptureResource) -> dg.AssetCheckResult:
-        key = dg.AssetCheckKey(SLOT_KEY, SLOT_HEALTHY)
+    def slot_healthy(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        key = dg.AssetCheckKey(names.slot_key, SLOT_HEALTHY)
+        postgres, _, capture, _ = names.bound(context)
         try:
-            return slot_result(slot_health(postgres.dsn, capture.slot), settings)
+            return slot_result(slot_health(postgres.dsn, capture.slot), settings, names)
         except EXPECTED_ERRORS as exc:
             return not_evaluated(key, explain_error(exc, redact))
 
@@ -366,18 +368,20 @@ def build_asset_checks(tables: Sequence[tuple[str, str]],
     return checks
 
 
-def _table_checks(tables: Sequence[tuple[str, str]],
-                  settings: MonitorSettings) -> list[dg.AssetChecksDefinition]:
+def _table_checks(tables: Sequence[tuple[str, str]], settings: MonitorSettings,
+                  names: CaptureNames) -> list[dg.AssetChecksDefinition]:
+    keys = names.resource_keys
+
     @multi_check(
-        name="silver_matches_source", pool=CAPTURE_POOL,
+        name=names.scoped("silver_matches_source"), pool=names.pool, resource_keys=keys,
         specs=[dg.AssetCheckSpec(
-            MATCHES_SOURCE, asset=silver_key(s, t),
+            MATCHES_SOURCE, asset=names.silver(s, t),
             description=f"Live rows of silver {display_name(s, t)} agree with the source: row "
             "count, key checksum and row checksum, compared at the LSN silver reached (keys "
             "changed since are left out and counted).") for s, t in tables])
-    def silver_matches_source(context: dg.AssetCheckExecutionContext,
-                              postgres: PostgresResource, lakehouse: LakehouseResource,
-                              capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
+    def silver_matches_source(context: dg.AssetCheckExecutionContext
+                              ) -> Iterator[dg.AssetCheckResult]:
+        postgres, lakehouse, capture, _ = names.bound(context)
         reports: dict[str, ConsistencyReport] = {}
 
         def compare(contexts: Sequence[TableContext]) -> None:
@@ -390,34 +394,35 @@ def _table_checks(tables: Sequence[tuple[str, str]],
         def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
             return _consistency_result(key, reports[ctx.name])
 
-        yield from _per_table(context, postgres, lakehouse, capture, evaluate, compare)
+        yield from _per_table(context, postgres, lakehouse, capture, evaluate, compare, names)
 
     @multi_check(
-        name="silver_schema_matches_source",
+        name=names.scoped("silver_schema_matches_source"), resource_keys=keys,
         specs=[dg.AssetCheckSpec(
-            SCHEMA_MATCHES, asset=silver_key(s, t),
+            SCHEMA_MATCHES, asset=names.silver(s, t),
             description=f"The columns of {display_name(s, t)} in the source, typed as silver "
             "types them, equal the silver Delta schema (added/dropped columns warn, a type "
             "change is an error).") for s, t in tables])
-    def silver_schema_matches_source(context: dg.AssetCheckExecutionContext,
-                                     postgres: PostgresResource, lakehouse: LakehouseResource,
-                                     capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
+    def silver_schema_matches_source(context: dg.AssetCheckExecutionContext
+                                     ) -> Iterator[dg.AssetCheckResult]:
+        postgres, lakehouse, capture, _ = names.bound(context)
+
         def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
             return schema_result(key, ctx, silver_schema_of(ctx.silver_uri))
 
-        yield from _per_table(context, postgres, lakehouse, capture, evaluate)
+        yield from _per_table(context, postgres, lakehouse, capture, evaluate, names=names)
 
     @multi_check(
-        name="bronze_lsn_windows", pool=CAPTURE_POOL,
+        name=names.scoped("bronze_lsn_windows"), pool=names.pool, resource_keys=keys,
         specs=[dg.AssetCheckSpec(
-            LSN_WINDOWS, asset=bronze_key(s, t),
+            LSN_WINDOWS, asset=names.bronze(s, t),
             description=f"Bronze {display_name(s, t)} has no gap or overlap in LSN windows: "
             "window ends advance strictly after the snapshot, the app transaction names the "
             "last one, the capture runs chain end to start, and the slot is where the last run "
             "left it.") for s, t in tables])
-    def bronze_lsn_windows(context: dg.AssetCheckExecutionContext, postgres: PostgresResource,
-                           lakehouse: LakehouseResource,
-                           capture: CaptureResource) -> Iterator[dg.AssetCheckResult]:
+    def bronze_lsn_windows(context: dg.AssetCheckExecutionContext
+                           ) -> Iterator[dg.AssetCheckResult]:
+        postgres, lakehouse, capture, _ = names.bound(context)
         confirmed: list[Lsn | None] = []
         runs: dict[dg.AssetKey, list[RunRange]] = {}
 
@@ -425,14 +430,14 @@ def _table_checks(tables: Sequence[tuple[str, str]],
             # the slot's position and the runs' ranges, read once for every selected table
             confirmed.append(slot_health(postgres.dsn, capture.slot).confirmed_flush_lsn)
             runs.update(table_runs(context.instance,
-                                   [bronze_key(*c.relation.qualified) for c in contexts],
-                                   settings.history_limit))
+                                   [names.bronze(*c.relation.qualified) for c in contexts],
+                                   settings.history_limit, slot_key=names.slot_key))
 
         def evaluate(key: dg.AssetCheckKey, ctx: TableContext) -> dg.AssetCheckResult:
             facts = read_facts(ctx, settings.history_limit)
             return windows_result(key, ctx, facts.commits, facts.bronze_applied,
                                   runs[key.asset_key], confirmed[0])
 
-        yield from _per_table(context, postgres, lakehouse, capture, evaluate, prepare)
+        yield from _per_table(context, postgres, lakehouse, capture, evaluate, prepare, names)
 
     return [silver_matches_source, silver_schema_matches_source, bronze_lsn_windows]

@@ -33,33 +33,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition,
-)
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-    BACKFILL_ID_TAG,
-    PARTITION_NAME_TAG,
-    ROOT_BACKFILL_ID_TAG,
-)
 from pydantic import Field
 
-from assets.capture import (
-    CAPTURE_POOL,
-    DEFAULT_OWNERS,
+from pgcdc_dagster.assets.capture import (
     META_TABLES,
     _previous,
     _rate,
     _silver_metadata,
     bronze_column_schema,
-    meta_key,
 )
-from assets.event_storage import event_files_held
-from assets.jobs import INCREMENTAL
-from assets.keys import SLOT_KEY, bronze_key, dep_ins, silver_key, source_key
-from assets.partitions import INCREMENTAL_PARTITIONS, ensure_partitions, partition_table
-from assets.slot_hold import hold_slot_for_run
+from pgcdc_dagster.assets.jobs import INCREMENTAL
+from pgcdc_dagster.assets.keys import dep_ins
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
+from pgcdc_dagster.assets.partitions import ensure_partitions, partition_table
+from pgcdc_dagster.assets.slot_hold import hold_slot_for_run
 from pgcdc_dagster.capture.bronze_write import internal_events_key
 from pgcdc_dagster.capture.incremental import IncrementalReport, apply_signal, run_incremental
 from pgcdc_dagster.capture.incremental_state import ProgressStore, TableProgress
@@ -70,12 +57,20 @@ from pgcdc_dagster.cdc.dblog import Signal, SignalError
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.ops.delta_stats import TableStats, growth, live_row_count, table_stats
 from pgcdc_dagster.ops.slot_health import slot_health
-from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
 INCREMENTAL_JOB = INCREMENTAL
-INCREMENTAL_KEY = dg.AssetKey(["incremental", "snapshot"])
+INCREMENTAL_KEY = DEFAULT_NAMES.incremental_key
 MAX_PARTITIONS_PER_RUN = 20
 SIGNAL_TAG = "pgcdc/signal_id"
+# The run tags Dagster documents for partitioned and backfill runs (values, not its modules).
+PARTITION_NAME_TAG = "dagster/partition"
+ASSET_PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
+ASSET_PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
+BACKFILL_ID_TAG = "dagster/backfill"
+ROOT_BACKFILL_ID_TAG = "dagster/root_backfill_id"
+
+AssetJob = Any
+"""What ``dg.define_asset_job`` returns (its class is not part of Dagster's public API)."""
 """Run tag: the signal (signalling-table row) that requested the run."""
 
 
@@ -203,37 +198,34 @@ def stream_range(report: IncrementalReport) -> dict[str, Any]:
             "slot_retained_bytes": last.slot_retained_bytes, "wal_status": str(last.wal_status)}
 
 
-def build_incremental(tables: Sequence[tuple[str, str]],
-                      owners: Sequence[str] = DEFAULT_OWNERS
-                      ) -> tuple[dg.AssetsDefinition, UnresolvedAssetJobDefinition]:
+def build_incremental(tables: Sequence[tuple[str, str]], *,
+                      names: CaptureNames = DEFAULT_NAMES
+                      ) -> tuple[dg.AssetsDefinition, AssetJob]:
     """The ``incremental_snapshot`` asset and job for the captured tables."""
     captured = list(tables)
+    incremental_key = names.incremental_key
 
     @dg.asset(
-        key=INCREMENTAL_KEY, partitions_def=INCREMENTAL_PARTITIONS, pool=CAPTURE_POOL,
+        key=incremental_key, partitions_def=names.partitions, pool=names.pool,
+        required_resource_keys=names.resource_keys,
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_PARTITIONS_PER_RUN),
-        group_name="incremental", kinds={"postgres", "spark", "delta"}, owners=list(owners),
-        ins=dep_ins([SLOT_KEY, *(source_key(s, t) for s, t in captured)]),
+        group_name=names.scoped("incremental"), kinds={"postgres", "spark", "delta"},
+        owners=list(names.owners),
+        ins=dep_ins([names.slot_key, *(names.source(s, t) for s, t in captured)]),
         tags={"pgcdc/layer": "bronze"},
         description="Incremental snapshots (DBLog watermark windows): one partition per "
         "captured table. Backfill partitions to re-snapshot those tables while the stream "
-        f"runs (up to {MAX_PARTITIONS_PER_RUN} tables per run, in the {CAPTURE_POOL} pool); "
+        f"runs (up to {MAX_PARTITIONS_PER_RUN} tables per run, in the {names.pool} pool); "
         "the rows land in bronze as op r (source.snapshot = incremental) and silver is "
         "caught up. Progress is durable per chunk: retrying a failed partition resumes it.")
-    def incremental_snapshot(context: dg.AssetExecutionContext, config: IncrementalConfig,
-                             postgres: PostgresResource, lakehouse: LakehouseResource,
-                             capture: CaptureResource,
-                             spark: SparkResource) -> dg.MaterializeResult[Any]:
-        # A bronze materialization per captured table: on the default SQLite instance,
-        # each costs less while the event storage is held (assets/event_storage.py).
-        with event_files_held(context.instance, context.run_id):
-            return run_incremental_snapshot(context, config, postgres, lakehouse, capture,
-                                            spark)
+    def incremental_snapshot(context: dg.AssetExecutionContext,
+                             config: IncrementalConfig) -> dg.MaterializeResult[Any]:
+        return run_incremental_snapshot(context, config)
 
     def run_incremental_snapshot(context: dg.AssetExecutionContext,
-                                 config: IncrementalConfig, postgres: PostgresResource,
-                                 lakehouse: LakehouseResource, capture: CaptureResource,
-                                 spark: SparkResource) -> dg.MaterializeResult[Any]:
+                                 config: IncrementalConfig) -> dg.MaterializeResult[Any]:
+        postgres, lakehouse, capture, spark = names.bound(context)
+        bronze_key, silver_key = names.bronze, names.silver
         hold_slot_for_run(context, capture, postgres.dsn)  # one reader per slot, whole run
         settings = capture.settings(postgres.dsn, lakehouse.root)
         if config.chunk_size > 0:
@@ -241,7 +233,7 @@ def build_incremental(tables: Sequence[tuple[str, str]],
         # A run launched outside a backfill (`dagster job execute --tags
         # '{"dagster/partition": ...}'`, an ephemeral or new instance) may name a table whose
         # partition no bronze run of this instance has added yet: add the captured tables'.
-        ensure_partitions(context.instance, captured)
+        ensure_partitions(context.instance, captured, names)
         try:
             keys = list(context.partition_keys)
         except dg.DagsterInvalidInvocationError:
@@ -250,7 +242,8 @@ def build_incremental(tables: Sequence[tuple[str, str]],
                 f"{tags.get(ASSET_PARTITION_RANGE_START_TAG)}..."
                 f"{tags.get(ASSET_PARTITION_RANGE_END_TAG)}")
             raise dg.Failure(
-                f"partition {asked!r} of incremental/snapshot is not a captured table: its "
+                f"partition {asked!r} of {incremental_key.to_user_string()} is not a "
+                "captured table: its "
                 "partition keys are the captured tables' schema.table (a part holding '.' or "
                 "'\"' double-quoted, as in Debezium's data-collections)",
                 allow_retries=False) from None
@@ -293,7 +286,8 @@ def build_incremental(tables: Sequence[tuple[str, str]],
                 metadata=_bronze_events(ctx, report, before[ctx.relation.qualified], seconds)))
         for meta_name in META_TABLES:
             uri = lakehouse.internal(meta_name)
-            context.log_event(dg.AssetMaterialization(asset_key=meta_key(meta_name), metadata=(
+            context.log_event(dg.AssetMaterialization(
+                asset_key=names.meta_key(meta_name), metadata=(
                 _meta_table_events(meta_name, uri, report, meta_before[meta_name], seconds))))
         session = spark.lazy()
         health = slot_health(postgres.dsn, capture.slot)
@@ -323,7 +317,8 @@ def build_incremental(tables: Sequence[tuple[str, str]],
             for key, meta in per_key.items():
                 if meta["status"] == "done":
                     context.log_event(dg.AssetMaterialization(
-                        asset_key=INCREMENTAL_KEY, partition=key, metadata={**run_meta, **meta}))
+                        asset_key=incremental_key, partition=key,
+                        metadata={**run_meta, **meta}))
             raise dg.Failure(
                 "incremental snapshot not finished: " + "; ".join(failed) + ". Paused tables "
                 "continue after a resume-snapshot signal; retry the partition to resume (or "
@@ -333,9 +328,10 @@ def build_incremental(tables: Sequence[tuple[str, str]],
         return dg.MaterializeResult(metadata=run_meta)
 
     job = dg.define_asset_job(
-        INCREMENTAL_JOB, selection=dg.AssetSelection.assets(INCREMENTAL_KEY),
+        names.scoped(INCREMENTAL_JOB), selection=dg.AssetSelection.assets(incremental_key),
         executor_def=dg.in_process_executor,
-        tags={"pgcdc/job": INCREMENTAL_JOB},
+        tags={"pgcdc/job": INCREMENTAL_JOB,
+              **({"pgcdc/capture": names.name} if names.name else {})},
         description="Incremental snapshot (DBLog) of the partitions' tables while the stream "
         "runs; backfill it from the incremental/snapshot asset to re-snapshot many tables.")
     return incremental_snapshot, job

@@ -7,7 +7,7 @@ session in the background while the run does its other work (``spark/lazy.py``).
 The handle is shared by the process (one per settings; a JVM is one per process anyway), so a
 start asked for before the run (``spark/prestart.py``: a process started to execute the
 ``initial_snapshot`` job starts the JVM while Dagster loads the code location and creates the
-run, issue 16) is the one the run's snapshot uses.
+run) is the one the run's snapshot uses.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dagster as dg
 
 from pgcdc_dagster.postgres.slot_lock import SlotLease
-from resources import CaptureResource
+from pgcdc_dagster.resources import CaptureResource
 
 SLOT_LOCK_TAG = "pgcdc/slot_lock"
 """Tag of a capture run that has taken the slot's lock (value: the lock session's pid)."""

@@ -28,19 +28,17 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 import psycopg2
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition,
-)
 from pydantic import Field
 
-from assets.incremental import SIGNAL_TAG
-from assets.partitions import INCREMENTAL_PARTITIONS, missing_partitions, partition_key
+from pgcdc_dagster.assets.incremental import SIGNAL_TAG, AssetJob
+from pgcdc_dagster.assets.naming import DEFAULT_NAMES, CaptureNames
+from pgcdc_dagster.assets.partitions import missing_partitions, partition_key
 from pgcdc_dagster.capture.incremental import SignalOutcome, apply_signal
 from pgcdc_dagster.cdc.dblog import Signal, SignalError, parse_signal
 from pgcdc_dagster.exceptions import ConfigurationError
 from pgcdc_dagster.names import parse_table_id, table_id
 from pgcdc_dagster.postgres.signals import SignalRow, read_signals
-from resources import CaptureResource, LakehouseResource, PostgresResource
+from pgcdc_dagster.resources import CaptureResource
 
 SIGNAL_SENSOR = "signal_table_sensor"
 SIGNAL_JOB = "incremental_snapshot_signal"
@@ -136,22 +134,25 @@ class ApplyFn:
 
 
 def build_signal_sensor(tables: Sequence[tuple[str, str]],
-                        job: UnresolvedAssetJobDefinition) -> dg.SensorDefinition:
+                        job: AssetJob, *,
+                        names: CaptureNames = DEFAULT_NAMES) -> dg.SensorDefinition:
     """The signal-table sensor launching ``incremental_snapshot`` runs."""
     captured = list(tables)
 
     @dg.sensor(
-        name=SIGNAL_SENSOR, job=job, minimum_interval_seconds=30,
+        name=names.scoped(SIGNAL_SENSOR), job=job, minimum_interval_seconds=30,
+        required_resource_keys=names.resource_keys,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Apply new rows of the signalling table (signal.data.collection, "
         "PGCDC_SIGNAL_DATA_COLLECTION): execute-snapshot and resume-snapshot launch "
         "incremental_snapshot runs (run key = signal id), pause/stop take effect at the "
         "running snapshot's next chunk. Malformed signals are reported and skipped.")
-    def signal_table_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource,
-                            lakehouse: LakehouseResource,
-                            capture: CaptureResource) -> dg.SensorResult:
-        add = missing_partitions(context.instance, captured)
-        partitions = [INCREMENTAL_PARTITIONS.build_add_request(add)] if add else []
+    def signal_table_sensor(context: dg.SensorEvaluationContext,
+                            **_direct: object) -> dg.SensorResult:
+        # a direct call (sensor(context)) passes the resources as keywords too
+        postgres, lakehouse, capture, _ = names.bound(context)
+        add = missing_partitions(context.instance, captured, names)
+        partitions = [names.partitions.build_add_request(add)] if add else []
         cursor = SignalCursor.parse(context.cursor)
         if not capture.signal_data_collection.strip():
             return dg.SensorResult(
@@ -193,11 +194,28 @@ class SignalConfig(dg.Config):
                       '{"data-collections": ["public.orders"]}.')
 
 
-@dg.op(tags={"pgcdc/operation": "signal"},
-       description="Apply one incremental-snapshot signal (Dagster channel).")
-def apply_incremental_signal(context: dg.OpExecutionContext, config: SignalConfig,
-                             postgres: PostgresResource, lakehouse: LakehouseResource,
-                             capture: CaptureResource) -> None:
+def build_signal_job(names: CaptureNames = DEFAULT_NAMES) -> dg.JobDefinition:
+    """The job that sends a signal through Dagster."""
+
+    @dg.op(name=names.scoped("apply_incremental_signal"), tags={"pgcdc/operation": "signal"},
+           required_resource_keys=names.resource_keys,
+           description="Apply one incremental-snapshot signal (Dagster channel).")
+    def apply_incremental_signal(context: dg.OpExecutionContext, config: SignalConfig) -> None:
+        _apply(context, config, names)
+
+    @dg.job(name=names.scoped(SIGNAL_JOB), executor_def=dg.in_process_executor,
+            tags={"pgcdc/job": SIGNAL_JOB,
+                  **({"pgcdc/capture": names.name} if names.name else {})},
+            description="Send an incremental-snapshot signal through Dagster "
+            "(execute-snapshot, stop-snapshot, pause-snapshot, resume-snapshot, log).")
+    def signal_job() -> None:
+        apply_incremental_signal()
+
+    return signal_job
+
+
+def _apply(context: dg.OpExecutionContext, config: SignalConfig, names: CaptureNames) -> None:
+    postgres, lakehouse, capture, _ = names.bound(context)
     signal_id = config.id or context.run_id
     try:
         outcome = ApplyFn(capture, postgres.dsn, lakehouse.root)(
@@ -211,8 +229,4 @@ def apply_incremental_signal(context: dg.OpExecutionContext, config: SignalConfi
                          "run the snapshot")
 
 
-@dg.job(name=SIGNAL_JOB, executor_def=dg.in_process_executor, tags={"pgcdc/job": SIGNAL_JOB},
-        description="Send an incremental-snapshot signal through Dagster (execute-snapshot, "
-        "stop-snapshot, pause-snapshot, resume-snapshot, log).")
-def signal_job() -> None:
-    apply_incremental_signal()
+signal_job = build_signal_job()

@@ -29,8 +29,8 @@ from datetime import UTC
 import dagster as dg
 import psycopg2
 
-from assets.jobs import CAPTURE_JOBS, IN_FLIGHT
-from assets.slot_hold import SLOT_LOCK_TAG
+from pgcdc_dagster.assets.jobs import CAPTURE_JOBS, IN_FLIGHT
+from pgcdc_dagster.assets.slot_hold import SLOT_LOCK_TAG
 from pgcdc_dagster.exceptions import PgCdcError
 from pgcdc_dagster.postgres.connection import redact
 from pgcdc_dagster.postgres.slot_lock import LockHolder, slot_lock_holder
