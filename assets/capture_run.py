@@ -69,7 +69,6 @@ from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
 from pgcdc_dagster.postgres.discovery import Resolution
 from pgcdc_dagster.postgres.slot_lock import SlotLease, lease_lent
-from pgcdc_dagster.spark import release
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 
 CAPTURE_OP = "capture"
@@ -202,7 +201,6 @@ def build_capture_op(tables: Sequence[tuple[str, str]],
         behind = [c for c in silver_of if c.name not in current]
         caught_up = dict(zip([c.name for c in behind], apply_silver_tables(
             behind, handle, cap.silver_spark_threshold_rows, cap.target_file_bytes), strict=True))
-        release.spark_work_done()  # a one-run process ends its JVM while the run reports
         left_names = {c.name for c in left}
         silver = [(ctx, report) for ctx, report in (
             (c, current.get(c.name) or caught_up[c.name]) for c in silver_of)

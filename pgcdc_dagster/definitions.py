@@ -11,12 +11,6 @@ frozen out of the garbage collector (:func:`_skip_exit_collection`): the interpr
 collections would otherwise walk every object of Dagster and the capture once more, seconds
 under load, after the run has finished. While this module is imported the collector is paused,
 and what the import created is frozen out of its reach at the end (``startup.py``).
-
-A process started to execute ``initial_snapshot`` whose snapshot will read chunks starts the
-Spark JVM first thing, before the rest of this module's imports (``spark/prestart.py``): it
-comes up while Dagster imports and loads the code location, creates the run and sets up the
-step (issue 16). Hence the imports after that call (E402 is ignored for this file). A process
-started to execute one run ends its Spark JVM itself at exit (``spark/release.py``).
 """
 
 from __future__ import annotations
@@ -24,18 +18,10 @@ from __future__ import annotations
 # First: no garbage collection during the imports, Arrow on jemalloc (startup.py).
 from pgcdc_dagster import startup  # isort: split
 
-import os
-import sys
-
-from pgcdc_dagster.spark import release
-from pgcdc_dagster.spark.prestart import job_of_process, prestart_for_process
-
-if job_of_process(sys.argv, os.environ) is not None:
-    release.enable()  # a one-run process ends its Spark JVM at exit (spark/release.py)
-prestart_for_process(sys.argv, os.environ)
-
 import atexit
 import gc
+import os
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -64,6 +50,7 @@ from pgcdc_dagster.postgres.discovery import (
     resolve_capture,
 )
 from pgcdc_dagster.postgres.signals import parse_table_name
+from pgcdc_dagster.run_process import job_of_process
 from pgcdc_dagster.spark.session import check_master
 from resources import CaptureResource, LakehouseResource, PostgresResource, SparkResource
 from resources.capture import split_list
@@ -262,7 +249,7 @@ def _built(tables: tuple[tuple[str, str], ...],
     """:func:`build_definitions` of the environment, once per tables and environment (a
     reload that finds other tables, or another environment, builds them again). A process
     started to execute one lean job (``dagster job execute -j cdc_microbatch``, or the run
-    worker of such a run: :func:`~pgcdc_dagster.spark.prestart.job_of_process`) builds that
+    worker of such a run: :func:`~pgcdc_dagster.run_process.job_of_process`) builds that
     job only (issue 16: its cost does not grow with the captured tables' definitions)."""
     del environment  # part of the cache key only: build_definitions reads os.environ
     return build_definitions(tables, job=job_of_process(sys.argv, os.environ))

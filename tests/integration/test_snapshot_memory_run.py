@@ -60,11 +60,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from pgcdc_dagster.spark.worker_daemon import DAEMON_MODULE
 
 from pgcdc_dagster.capture.snapshot_state import SnapshotLog, progress_uri
 from pgcdc_dagster.lake.delta import open_table
 from pgcdc_dagster.lake.paths import table_uri
-from pgcdc_dagster.spark.worker_daemon import DAEMON_MODULE
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
