@@ -106,6 +106,21 @@ def _wait(ready: Any, timeout: float, log: Path) -> None:
     raise RuntimeError(f"Spark cluster not ready after {timeout}s: {log.read_text()[-2000:]}")
 
 
+def _origin(batches: Any) -> Any:
+    """``mapInArrow`` function: where the executor's ``pgcdc_dagster`` comes from (defined
+    here, in the driver's ``__main__``, so that it travels by value: the executors have
+    only the project's package, not its tests)."""
+    import pyarrow as pa
+
+    from pgcdc_dagster.spark import chunk_jobs  # the package is a namespace: no __file__
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({
+        "package": pa.array([str(chunk_jobs.__file__).rsplit("/pgcdc_dagster/", 1)[0]]),
+        "pid": pa.array([os.getpid()], pa.int64())})
+
+
 def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, Any]:
     """Issue 19's end-to-end scenario (:mod:`tests.support.e2e_scenario`) on the cluster, once
     per ``(dsn, lakehouse)``, concurrently, in one application; returns what Spark's REST API
@@ -135,8 +150,6 @@ def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, A
     # (their own databases, slots and lakehouses): the cluster's executors are shared.
     with ThreadPoolExecutor(len(runs)) as pool:
         outcomes = list(pool.map(lambda run: scenario(run[0], *run[1]), enumerate(runs)))
-    from tests.support.spark_connect import _origin
-
     origins = spark.range(0, 64).mapInArrow(_origin, "package string, pid bigint").collect()
     apps = get_json(f"http://127.0.0.1:{ui_port}/api/v1/applications")
     api = f"http://127.0.0.1:{ui_port}/api/v1/applications/{apps[0]['id']}"

@@ -87,13 +87,15 @@ def start(timeout: float = 300.0) -> ConnectServer:
 
 
 def _origin(batches: Any) -> Any:
-    """``mapInArrow`` function: where the executor's ``pgcdc_dagster`` comes from."""
-    import pgcdc_dagster
+    """``mapInArrow`` function: where the executor's ``pgcdc_dagster`` comes from (defined
+    in the driver's ``__main__``, so that it travels by value: the server has only the
+    project's package, not its tests)."""
+    from pgcdc_dagster.spark import chunk_jobs  # the package is a namespace: no __file__
 
     for _ in batches:
         pass
     yield pa.RecordBatch.from_pydict({
-        "package": pa.array([os.path.dirname(os.path.dirname(pgcdc_dagster.__file__))]),
+        "package": pa.array([str(chunk_jobs.__file__).rsplit("/pgcdc_dagster/", 1)[0]]),
         "pid": pa.array([os.getpid()], pa.int64())})
 
 
