@@ -135,6 +135,10 @@ def package_archive(directory: str | Path) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
         for root, dirs, files in os.walk(PACKAGE_DIR):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            # A directory entry of its own: Python 3.11's zipimport finds a namespace
+            # package (``pgcdc_dagster`` has no ``__init__``) only by one.
+            relative = Path(root).relative_to(PACKAGE_DIR).as_posix()
+            archive.writestr(f"{PACKAGE}/" if relative == "." else f"{PACKAGE}/{relative}/", b"")
             for name in sorted(files):
                 if name.endswith((".py", ".typed")):
                     full = Path(root) / name
