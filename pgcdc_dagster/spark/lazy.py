@@ -60,6 +60,9 @@ class LazySpark:
         self._on_ready: list[Callable[[LazySpark], object]] = []
         self._slots: int | None = None
         self._probe = threading.Lock()
+        self._built = threading.Event()
+        """Set once the build ended (a session, or an error): :meth:`get` waits for this,
+        not for the ``on_ready`` hooks that run after it on the building thread."""
         self.requested_at: float | None = None
         """``time.monotonic()`` when the background build started (None: not started, or a
         session that already existed)."""
@@ -114,9 +117,11 @@ class LazySpark:
             opened = self._build()
         except BaseException as exc:  # re-raised by get() on the thread that needs Spark
             self._error = exc
+            self._built.set()
             return
         self.ready_at = time.monotonic()
         self._opened, self._session = opened, opened.session
+        self._built.set()
         for hook in self._on_ready:
             try:
                 hook(self)
@@ -128,8 +133,7 @@ class LazySpark:
         if self._session is not None:
             return self._session
         self.start()
-        assert self._thread is not None
-        self._thread.join()
+        self._built.wait()
         if self._error is not None:
             raise self._error
         assert self._session is not None
@@ -148,6 +152,7 @@ class LazySpark:
                 self._session = None
                 self._thread = None
                 self._slots = None
+                self._built.clear()
         if opened is not None:
             opened.close()
 

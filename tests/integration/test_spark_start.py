@@ -119,3 +119,25 @@ def test_the_job_of_a_process_is_read_from_its_command_line() -> None:
     for other in (["/venv/bin/dagster", "dev"], ["/venv/bin/dagster", "api", "grpc"],
                   ["pytest", "-j", "initial_snapshot"], [*worker, "{not json"]):
         assert job_of_process(other, {}) is None
+
+
+@pytest.mark.spark
+def test_slots_asked_for_while_the_session_starts_with_its_warm_up(spark) -> None:
+    """A cluster's slots are found by the warm-up job: asked for on the run's thread while the
+    background start's own warm-up hook waits to run, neither waits for the other forever."""
+    import threading
+
+    def slow_build() -> Opened:
+        time.sleep(0.5)  # the run's thread asks for the slots meanwhile
+        return Opened(spark, owned=False, kind="given")
+
+    handle = LazySpark(slow_build, "spark://cluster.example:7077")  # slots not in the URL
+    handle.start(on_ready=LazySpark.warm)
+    found: list[int] = []
+    asking = threading.Thread(target=lambda: found.append(handle.parallelism()), daemon=True)
+    asking.start()
+    asking.join(300)
+    assert found == [2]  # local[2]: one warm-up task per slot
+    assert [e for e, _ in handle.timeline()].count("workers ready") == 1
+    handle.close()  # a given session: left running
+    assert spark.range(3).count() == 3
