@@ -55,11 +55,11 @@ def worker(dsn: str, lake: str, slot: str, include: str, mode: str) -> None:
     from pgcdc_dagster.capture.runner import run_bronze, run_silver
     from pgcdc_dagster.capture.settings import CaptureSettings
     from pgcdc_dagster.spark.lazy import LazySpark
-    from pgcdc_dagster.spark.session import build_session
+    from pgcdc_dagster.spark.session import open_session
 
     settings = CaptureSettings(dsn=dsn, lakehouse=lake, include=(include,), slot=slot,
                                publication=slot, max_windows=10_000)
-    spark = LazySpark(build_session, "local[2]")  # never started: no Spark work here
+    spark = LazySpark(open_session, "local[2]")  # never started: no Spark work here
     if mode == "snapshot":
         run_bronze(settings, spark, force_snapshot_step=True)
         run_silver(settings, spark)

@@ -50,9 +50,11 @@ from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import run_snapshot
 from pgcdc_dagster.postgres.local_cluster import LocalCluster
 from pgcdc_dagster.spark.lazy import LazySpark
-from pgcdc_dagster.spark.prestart import DEFAULT_MASTER as MASTER
-from pgcdc_dagster.spark.prestart import shared_handle
-from pgcdc_dagster.spark.snapshot_tasks import warm_workers
+from pgcdc_dagster.spark.session import open_session
+
+MASTER = "local[2]"
+THRESHOLD = [0]
+"""``snapshot_spark_threshold_rows`` of the in-process runs (``--threshold``; 0: Spark)."""
 
 TABLES = {
     "orders": """CREATE TABLE orders (id bigint PRIMARY KEY, customer int, status text,
@@ -153,7 +155,8 @@ TIMELINES: dict[str, list[tuple[str, float]]] = {}
 def snapshot_seconds(dsn: str, root: Path, name: str, spark: LazySpark,
                      tables: list[str]) -> tuple[float, int]:
     settings = CaptureSettings(dsn=dsn, lakehouse=str(root / name), slot=name,
-                               publication=name, include=(pattern(tables),))
+                               publication=name, include=(pattern(tables),),
+                               snapshot_spark_threshold_rows=THRESHOLD[0])
     started = time.perf_counter()
     report = run_snapshot(settings, spark, force=True,
                           progress=lambda _line: None)
@@ -248,7 +251,13 @@ def main() -> None:
                         help="also time a whole dagster job execute -j initial_snapshot")
     parser.add_argument("--whole-repeat", type=int, default=1,
                         help="whole processes to time (each after its own raw COPY)")
+    parser.add_argument("--remote", default=None,
+                        help="a Spark Connect server (sc://host:port) instead of local[2]")
+    parser.add_argument("--threshold", type=int, default=0,
+                        help="snapshot_spark_threshold_rows (0: Spark reads the chunks; above "
+                        "the rows: read in this process)")
     args = parser.parse_args()
+    THRESHOLD[0] = args.threshold
     tables = [t for t in args.tables.split(",") if t]
     if not tables or any(t not in TABLES for t in tables):
         sys.exit(f"--tables: choose among {', '.join(TABLES)}")
@@ -262,12 +271,13 @@ def main() -> None:
             raw_copy_seconds(cluster.dsn, tables)  # warm the cache
             whole_processes(cluster.dsn, root, tables, total, args.whole_repeat)
             return
-        # The handle a run's snapshot gets (the process's shared one): started as the
-        # snapshot step starts it, a quick context for Python tasks with its workers warmed
-        # (spark/lazy.py), so the engine's figures count the JVM the product runs.
-        spark = shared_handle(MASTER)
-        spark.start(on_ready=partial(warm_workers, note=spark.note), quick=True)
-        spark.tasks()  # the JVM's start-up is not snapshot work
+        # The handle a run's snapshot gets (the spark resource's): started as the snapshot
+        # step starts it, its workers warmed (spark/lazy.py); the start is not snapshot work.
+        spark = LazySpark(lambda: open_session(MASTER, remote=args.remote),
+                          None if args.remote else MASTER)
+        if args.threshold == 0:
+            spark.start(on_ready=LazySpark.warm)
+            spark.warm()
         raw_copy_seconds(cluster.dsn, tables)  # warm the cache
         roots = [cluster_pid(cluster.data_dir), os.getpid()]
         load_start = os.getloadavg()
@@ -306,7 +316,7 @@ def main() -> None:
         print(f"ratio: {ours_s and raw_s / ours_s:.2f}")
         best = f"warm{ours.index(ours_s)}"
         print(f"engine timeline of its best run (s): {timeline_text(TIMELINES[best])}")
-        spark.tasks().sparkContext.stop()
+        spark.close()
         if args.whole_process:
             shutil.rmtree(root / "cold", ignore_errors=True)  # the disk the job writes to
             for i in range(args.repeat):

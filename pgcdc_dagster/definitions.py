@@ -56,7 +56,7 @@ from pgcdc_dagster.resources import (
     SparkResource,
 )
 from pgcdc_dagster.resources.capture import split_list
-from pgcdc_dagster.spark.prestart import job_of_process
+from pgcdc_dagster.run_process import job_of_process
 from pgcdc_dagster.spark.session import check_master
 
 DEFAULT_LAKEHOUSE = "./lakehouse"
@@ -264,7 +264,7 @@ def _built(tables: tuple[tuple[str, str], ...],
     """:func:`build_definitions` of the environment, once per tables and environment (a
     reload that finds other tables, or another environment, builds them again). A process
     started to execute one lean job (``dagster job execute -j cdc_microbatch``, or the run
-    worker of such a run: :func:`~pgcdc_dagster.spark.prestart.job_of_process`) builds that
+    worker of such a run: :func:`~pgcdc_dagster.run_process.job_of_process`) builds that
     job only (its cost does not grow with the captured tables' definitions)."""
     del environment  # part of the cache key only: build_definitions reads os.environ
     return build_definitions(tables, job=job_of_process(sys.argv, os.environ))

@@ -55,6 +55,120 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# The snapshot reader's compiled loops (pgcdc_dagster/native); without them numpy runs them.
+command -v cc >/dev/null 2>&1 || packages+=("gcc" "libc6-dev")
+
+if [ "${#packages[@]}" -gt 0 ]; then
+  echo "setup: installing Debian packages: ${packages[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  # Debian starts a default cluster on install; the project runs its own clusters.
+  if command -v pg_lsclusters >/dev/null 2>&1; then
+    pg_lsclusters -h 2>/dev/null | awk '$4 == "online" {print $1, $2}' | while read -r v c; do
+      $SUDO pg_ctlcluster "$v" "$c" stop || true
+    done
+  fi
+fi
+
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+stamp=".venv/.pgcdc-installed"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing Python dependencies (the first time builds pyspark: ~2 minutes)"
+  log=".venv/pip-install.log"
+  if ! { .venv/bin/python -m pip install --upgrade pip \
+         && .venv/bin/python -m pip install -e '.[dev]'; } >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "setup: pip install failed (full log: $log)" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+fi
+
+# The snapshot reader's compiled loops (pgcdc_dagster/native); without them numpy runs them.
+command -v cc >/dev/null 2>&1 || packages+=("gcc" "libc6-dev")
+
+if [ "${#packages[@]}" -gt 0 ]; then
+  echo "setup: installing Debian packages: ${packages[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  # Debian starts a default cluster on install; the project runs its own clusters.
+  if command -v pg_lsclusters >/dev/null 2>&1; then
+    pg_lsclusters -h 2>/dev/null | awk '$4 == "online" {print $1, $2}' | while read -r v c; do
+      $SUDO pg_ctlcluster "$v" "$c" stop || true
+    done
+  fi
+fi
+
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+stamp=".venv/.pgcdc-installed"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing Python dependencies (the first time builds pyspark: ~2 minutes)"
+  log=".venv/pip-install.log"
+  if ! { .venv/bin/python -m pip install --upgrade pip \
+         && .venv/bin/python -m pip install -e '.[dev]'; } >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "setup: pip install failed (full log: $log)" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+fi
+
+# The snapshot reader's compiled loops (pgcdc_dagster/native); without them numpy runs them.
+command -v cc >/dev/null 2>&1 || packages+=("gcc" "libc6-dev")
+
+if [ "${#packages[@]}" -gt 0 ]; then
+  echo "setup: installing Debian packages: ${packages[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  # Debian starts a default cluster on install; the project runs its own clusters.
+  if command -v pg_lsclusters >/dev/null 2>&1; then
+    pg_lsclusters -h 2>/dev/null | awk '$4 == "online" {print $1, $2}' | while read -r v c; do
+      $SUDO pg_ctlcluster "$v" "$c" stop || true
+    done
+  fi
+fi
+
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+stamp=".venv/.pgcdc-installed"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing Python dependencies (the first time builds pyspark: ~2 minutes)"
+  log=".venv/pip-install.log"
+  if ! { .venv/bin/python -m pip install --upgrade pip \
+         && .venv/bin/python -m pip install -e '.[dev]'; } >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "setup: pip install failed (full log: $log)" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+fi
+
 # The Spark driver's class archive (pgcdc_dagster/spark/class_archive.py): every Spark
 # session's JVM then starts in less than half the time; and the launcher's (spark-class's JVM
 # that prints the driver's command). Once per Java and Spark installation (their names carry

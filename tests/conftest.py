@@ -109,6 +109,16 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def spark_connect_server():
+    """One Spark Connect server (pyspark's own jars, local[2]) for the whole test session."""
+    from tests.support import spark_connect
+
+    server = spark_connect.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def lakehouse(tmp_path: Path) -> Path:
     """An empty lakehouse root for one test."""

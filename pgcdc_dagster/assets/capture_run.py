@@ -71,7 +71,6 @@ from pgcdc_dagster.ops.settings import MonitorSettings
 from pgcdc_dagster.ops.slot_health import SlotHealth, slot_health
 from pgcdc_dagster.postgres.discovery import Resolution
 from pgcdc_dagster.postgres.slot_lock import SlotLease, lease_lent
-from pgcdc_dagster.spark import release
 
 CAPTURE_OP = "capture"
 BRONZE_WRITING_JOBS = ("cdc_microbatch", "initial_snapshot", "incremental_snapshot")
@@ -206,7 +205,6 @@ def build_capture_op(tables: Sequence[tuple[str, str]], settings: MonitorSetting
         current = run.current_silver()
         behind = [c for c in silver_of if c.name not in current]
         caught_up = dict(zip([c.name for c in behind], run_context.silver(behind), strict=True))
-        release.spark_work_done()  # a one-run process ends its JVM while the run reports
         left_names = {c.name for c in left}
         silver = [(ctx, report) for ctx, report in (
             (c, current.get(c.name) or caught_up[c.name]) for c in silver_of)

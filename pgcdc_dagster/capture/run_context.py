@@ -45,7 +45,8 @@ class RunContext:
         """Silver catch-up of ``contexts``, with the run's threshold and file size."""
         return apply_silver_tables(contexts, self.spark,
                                    self.settings.silver_spark_threshold_rows,
-                                   self.settings.target_file_bytes)
+                                   self.settings.target_file_bytes,
+                                   self.settings.silver_batch_rows)
 
 
 __all__ = ["RunContext"]

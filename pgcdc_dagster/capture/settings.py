@@ -65,6 +65,10 @@ class CaptureSettings:
     silver_batch_rows: int = 1_000_000
     """Bronze rows of one silver batch: a larger backlog catches up in several, each
     committed before the next is read (``capture/silver_apply.py``)."""
+    snapshot_spark_threshold_rows: int = 1_000_000
+    """Rows (the catalog's estimate) of the tables a snapshot step reads above which Spark
+    reads the chunks; a smaller snapshot reads them on threads of the capture's process and
+    never starts Spark (its fixed cost would dominate). 0: always Spark."""
     target_file_bytes: int = 1 << 20
     """Target size of the data files silver merges and upkeep's compaction write
     (``lake/data_files.py``)."""
@@ -147,6 +151,8 @@ class CaptureSettings:
                 ("snapshot_chunk_bytes", self.snapshot_chunk_bytes, 1),
                 ("snapshot.fetch.size", self.snapshot_fetch_size, 1),
                 ("snapshot.max.threads (0: Spark's parallelism)", self.snapshot_max_threads, 0),
+                ("snapshot_spark_threshold_rows (0: always Spark)",
+                 self.snapshot_spark_threshold_rows, 0),
                 ("heartbeat.interval.ms", self.heartbeat_interval_ms, 0)):
             # A chunk size of 0 made an incremental snapshot read no row and report it done.
             if value < least:

@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pgcdc_dagster.capture.captured import CapturedTables
@@ -106,14 +105,13 @@ from pgcdc_dagster.postgres.snapshot_read import (
     temporary_exported_snapshot,
     validate_override,
 )
+from pgcdc_dagster.spark.chunk_jobs import run_chunks, run_units_here
 from pgcdc_dagster.spark.lazy import LazySpark, SparkLike
 from pgcdc_dagster.spark.snapshot_tasks import (
     ChunkResult,
     ChunkTask,
     Unit,
     group_small,
-    run_chunks,
-    warm_workers,
 )
 
 if TYPE_CHECKING:
@@ -146,7 +144,14 @@ class SnapshotReport:
     resumed_chunks: int = 0
     chunks_read: int = 0
     spark_tasks: int = 0
-    """Spark tasks the chunks were read in (small tables' chunks share tasks)."""
+    """Spark tasks the chunks were read in (small tables' chunks share tasks; 0: read in
+    this process, below ``snapshot_spark_threshold_rows``)."""
+    estimated_rows: int = 0
+    """Rows the tables to read hold by the catalog's estimate, when the step chose where to
+    read them (Spark above ``snapshot_spark_threshold_rows``, this process otherwise)."""
+    executors: list[str] = field(default_factory=list)
+    """``host:pid`` of the Spark Python workers that read this run's chunks (empty: read in
+    this process)."""
     empty_tables: list[str] = field(default_factory=list)
     """Tables given an offset without data (no_data, snapshot.include.collection.list)."""
     last_progress: SnapshotProgress | None = None
@@ -284,6 +289,8 @@ class _SnapshotRun:
         self.overrides: dict[TableName, str] = {}
         self.keys: dict[TableName, list[KeyColumn]] = {}
         self.marks: list[tuple[str, float]] = [("step start", self.started)]
+        self.use_spark = True
+        """False: the chunks are read on threads of this process (a small snapshot)."""
 
     def _mark(self, event: str) -> None:
         self.marks.append((event, time.monotonic()))
@@ -368,9 +375,18 @@ class _SnapshotRun:
         if decision.slot_action == "none":
             assert slot is not None and slot.confirmed_flush_lsn is not None
             return self._empty_only(decision, int(slot.confirmed_flush_lsn), report)
-        # Chunks to read: the JVM and the Python workers start in the background while the
-        # slot is created, the chunks planned and the tables prepared (issue 16).
-        self.spark.start(on_ready=partial(warm_workers, note=self.spark.note), quick=True)
+        # Chunks to read: above the threshold, Spark and its Python workers start in the
+        # background while the slot is created, the chunks planned and the tables prepared;
+        # a small snapshot reads its chunks in this process and never starts Spark.
+        report.estimated_rows = self._estimated_rows(decision)
+        self.use_spark = report.estimated_rows > self.settings.snapshot_spark_threshold_rows
+        if self.use_spark:
+            self.spark.start(on_ready=LazySpark.warm)
+        else:
+            self.progress(f"snapshot of ~{report.estimated_rows:,} rows (at most "
+                          f"snapshot_spark_threshold_rows "
+                          f"{self.settings.snapshot_spark_threshold_rows:,}): read in this "
+                          "process, without Spark")
         with self._point(decision) as (point, stream_from):
             return self._read(decision, point, stream_from, report)
 
@@ -456,9 +472,20 @@ class _SnapshotRun:
                          _fingerprint(ctx, self.overrides.get(name)),
                          key=[k.name for k in key] if kind == "key" else [])
 
+    def _estimated_rows(self, decision: SnapshotDecision) -> int:
+        """Rows of the tables the step reads, by the catalog's estimate (heap bytes / 128
+        for a table never analysed); a resumed snapshot counts its tables whole."""
+        names = list(dict.fromkeys(decision.tables + (
+            tuple(decision.resume.tables) if decision.resume is not None else ())))
+        with connection(self.settings.dsn) as conn:
+            sizes = table_sizes(conn, names)
+        return sum(s.est_rows if s.est_rows >= 0 else s.bytes // 128 for s in sizes.values())
+
     def _slots(self) -> int:
-        """Chunks the Spark job runs at once (``snapshot_max_threads`` when smaller)."""
-        slots = self.spark.parallelism()  # a local master's slots need no JVM
+        """Chunks read at once: the Spark session's task slots (a local master's known
+        without Spark), or the CPUs of this process when it reads them itself; at most
+        ``snapshot_max_threads``."""
+        slots = self.spark.parallelism() if self.use_spark else (os.cpu_count() or 1)
         threads = self.settings.snapshot_max_threads
         return min(slots, threads) if threads > 0 else slots
 
@@ -516,6 +543,8 @@ class _SnapshotRun:
                                    result.silver)
             if not report.chunks_read:
                 self._mark("first chunk")
+            if result.executor and result.executor not in report.executors:
+                report.executors.append(result.executor)
             fresh.append((plan, chunk_done))
             done[name][chunk_done.index] = chunk_done
             report.rows_read += result.rows
@@ -553,12 +582,16 @@ class _SnapshotRun:
             # complete before this run (crash before their commit)
             ready.extend(n for n in tables if len(done[n]) == len(state.plans[n].chunks))
             drained()
-            if tasks:  # the first Spark job: wait for the session here, not before
+            if tasks and self.use_spark:  # the first Spark job: wait for the session now
                 self._mark("spark needed")
                 report.spark_tasks = run_chunks(
-                    self.spark.tasks(), tasks, on_result,
+                    self.spark, tasks, on_result,
                     parallelism=self.settings.snapshot_max_threads, proceed=proceed,
                     on_drained=drained)
+                self._mark("chunks read")
+            elif tasks:
+                run_units_here(tasks, on_result, parallelism=self._slots(), proceed=proceed,
+                               on_drained=drained)
                 self._mark("chunks read")
             drained()
             self._mark("committed")

@@ -93,6 +93,10 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     snapshot_max_threads: int = Field(
         default=0, description="snapshot.max.threads: chunks read at once; 0 = Spark's "
         "default parallelism.")
+    snapshot_spark_threshold_rows: int = Field(
+        default=1_000_000, description="Rows (the catalog's estimate) of the tables a "
+        "snapshot step reads above which Spark reads the chunks; a smaller snapshot reads "
+        "them in the run's process without starting Spark. 0: always Spark.")
     column_include_list: str = Field(
         default="",
         description="column.include.list: comma-separated regular expressions of "
@@ -218,6 +222,7 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             snapshot_select_overrides=tuple(self.snapshot_select_statement_overrides.items()),
             snapshot_fetch_size=self.snapshot_fetch_size,
             snapshot_max_threads=self.snapshot_max_threads,
+            snapshot_spark_threshold_rows=self.snapshot_spark_threshold_rows,
             snapshot_binary=self.snapshot_binary_copy,
             column_options=self.column_options(),
             skipped_operations=self.skipped_operations,

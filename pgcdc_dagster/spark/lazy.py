@@ -1,27 +1,27 @@
 """A Spark session that costs nothing until a run has Spark work, and overlaps its start.
 
-A capture run needs Spark for snapshot chunks and for silver batches over the Spark threshold
-only: an idle micro-batch, or one with a few changes, never starts a JVM. When a run does need
-Spark, :meth:`LazySpark.start` builds the session on a background thread as soon as the need
-is known (before the slot is created, the chunks planned and the Delta tables prepared), and
-the first Spark job waits for it with :meth:`LazySpark.get` (issue 16).
+A capture run needs Spark for snapshot chunks above the snapshot's Spark threshold and for
+silver batches above the silver one only: an idle micro-batch, or one with a few changes,
+never starts a JVM nor connects to a Spark Connect server. When a run does need Spark,
+:meth:`LazySpark.start` builds the session on a background thread as soon as the need is
+known (before the slot is created, the chunks planned and the Delta tables prepared), and
+the first Spark job waits for it with :meth:`LazySpark.get`. The handle belongs to whoever
+made it (the ``spark`` resource, for one run): :meth:`LazySpark.close` stops what it opened.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Union
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    from pgcdc_dagster.spark.session import Opened
 
 _LOCAL = re.compile(r"^local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$")
 
@@ -39,96 +39,46 @@ def local_parallelism(master: str) -> int | None:
     return max(1, int(slots))
 
 
-START_SWITCH_INTERVAL = 0.0005
-"""The interpreter's thread switch interval (seconds; Python's default 0.005) while a session
-starts in the background. The start makes ~150 py4j calls (the context's creation, the
-workers' warm-up job), each a socket round trip after which the starting thread waits for the
-GIL; while another thread runs Python (Dagster setting up the run, the step planning the
-chunks), each wait lasted up to the switch interval: ~4 ms per call instead of ~0.5 ms
-measured with a busy thread beside it."""
-
-class _Switches:
-    """The starts under way and the switch interval in force before the first of them."""
-
-    lock = threading.Lock()
-    starts = 0
-    before = 0.0
-
-
-@contextmanager
-def quick_switches() -> Iterator[None]:
-    """Run the block with :data:`START_SWITCH_INTERVAL` as the switch interval (a shorter one
-    already set is kept); the interval in force before is restored when the last start
-    under way ends, unless something else changed it meanwhile."""
-    with _Switches.lock:
-        if _Switches.starts == 0:
-            _Switches.before = sys.getswitchinterval()
-        _Switches.starts += 1
-        ours = min(_Switches.before, START_SWITCH_INTERVAL)
-        sys.setswitchinterval(ours)
-    try:
-        yield
-    finally:
-        with _Switches.lock:
-            _Switches.starts -= 1
-            if _Switches.starts == 0 and sys.getswitchinterval() == ours:
-                sys.setswitchinterval(_Switches.before)
-
-
-class HasContext(Protocol):
-    """What Python-task work (snapshot chunks) needs: a Spark context. A session has one;
-    :meth:`LazySpark.tasks` gives one without building the SQL session."""
-
-    @property
-    def sparkContext(self) -> SparkContext: ...
-
-
-@dataclass(frozen=True)
-class ContextOnly:
-    """A Spark context where a session is not needed (:class:`HasContext`)."""
-
-    sparkContext: SparkContext
-
-
 class LazySpark:
     """A Spark session built on first need, optionally in the background.
 
-    ``build`` creates the session (it runs at most once); ``master`` lets the task slots of
-    a local master be known without starting the JVM (planning needs them before the session
-    is up). ``on_ready`` hooks run on the building thread once the context exists (the
-    snapshot starts its Python workers there). ``quick_build``, when given, is what a start
-    for work done by Python tasks uses (:meth:`start` with ``quick``): the Spark **context**
-    alone, on a JVM that starts sooner because it compiles less
-    (``build_context(quick_start=True)``); :meth:`tasks` hands it out, and :meth:`get`
-    builds the SQL session on it only when something asks for one.
+    ``build`` opens the session (it runs at most once; ``spark/session.open_session``);
+    ``master`` lets the task slots of a local master be known without starting Spark
+    (planning needs them before the session is up; None for a cluster or Spark Connect,
+    whose slots the first job finds out: :meth:`parallelism`). ``on_ready`` hooks run on the
+    building thread once the session exists (the snapshot starts its Python workers there).
     """
 
-    def __init__(self, build: Callable[[], SparkSession], master: str | None = None,
-                 quick_build: Callable[[], SparkContext] | None = None) -> None:
+    def __init__(self, build: Callable[[], Opened], master: str | None = None) -> None:
         self._build = build
-        self._quick_build = quick_build
         self._master = master
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._opened: Opened | None = None
         self._session: SparkSession | None = None
-        self._context: SparkContext | None = None
         self._error: BaseException | None = None
-        self._on_ready: list[Callable[[HasContext], object]] = []
+        self._on_ready: list[Callable[[LazySpark], object]] = []
+        self._slots: int | None = None
+        self._probe = threading.Lock()
+        self._built = threading.Event()
+        """Set once the build ended (a session, or an error): :meth:`get` waits for this,
+        not for the ``on_ready`` hooks that run after it on the building thread."""
         self.requested_at: float | None = None
         """``time.monotonic()`` when the background build started (None: not started, or a
         session that already existed)."""
         self.ready_at: float | None = None
-        """``time.monotonic()`` when the context (or session) built by this handle was
-        ready."""
+        """``time.monotonic()`` when the session built by this handle was ready."""
         self.events: list[tuple[str, float]] = []
         """What happened to the session after it was ready (``workers ready``: its Python
         workers started), noted by its ``on_ready`` hooks (:meth:`note`)."""
 
     @classmethod
     def ready(cls, session: SparkSession) -> LazySpark:
-        """A handle on a session that already exists."""
-        handle = cls(lambda: session)
-        handle._session = session  # its context is read only when needed (None: no Spark)
+        """A handle on a session that already exists (its caller's: never stopped here)."""
+        from pgcdc_dagster.spark.session import Opened
+
+        handle = cls(lambda: Opened(session, owned=False, kind="given"))
+        handle._session = session
         return handle
 
     @classmethod
@@ -138,19 +88,17 @@ class LazySpark:
 
     @property
     def created(self) -> bool:
-        """True once the session exists (or its build started: the JVM is being paid for)."""
-        return self._up or self._thread is not None
+        """True once the session exists or its build started (Spark is being paid for)."""
+        return self._session is not None or self._thread is not None
 
-    def start(self, on_ready: Callable[[HasContext], object] | None = None, *,
-              quick: bool = False) -> None:
+    def start(self, on_ready: Callable[[LazySpark], object] | None = None) -> None:
         """Build the session in the background (no-op once built or building).
 
-        ``on_ready`` runs once the context exists: on the building thread, or at once when
-        it is already there. ``quick``: the run's Spark work is Python tasks (snapshot
-        chunks), so the first start may use ``quick_build`` (the context alone).
+        ``on_ready`` runs once the session exists: on the building thread, or at once when
+        it is already there.
         """
         with self._lock:
-            if self._up:
+            if self._session is not None:
                 run_now = on_ready
             else:
                 run_now = None
@@ -158,71 +106,60 @@ class LazySpark:
                     self._on_ready.append(on_ready)
                 if self._thread is None:
                     self.requested_at = time.monotonic()
-                    quick_build = self._quick_build if quick else None
-                    self._thread = threading.Thread(target=self._run, args=(quick_build,),
-                                                    name="pgcdc-spark-start", daemon=True)
+                    self._thread = threading.Thread(target=self._run, name="pgcdc-spark-start",
+                                                    daemon=True)
                     self._thread.start()
         if run_now is not None:
-            run_now(self._holder())
+            run_now(self)
 
-    def _run(self, quick_build: Callable[[], SparkContext] | None) -> None:
-        with quick_switches():
-            self._build_and_hook(quick_build)
-
-    def _build_and_hook(self, quick_build: Callable[[], SparkContext] | None) -> None:
+    def _run(self) -> None:
         try:
-            if quick_build is not None:
-                context = quick_build()
-            else:
-                self._session = self._build()
-                context = self._session.sparkContext
+            opened = self._build()
         except BaseException as exc:  # re-raised by get() on the thread that needs Spark
             self._error = exc
+            self._built.set()
             return
         self.ready_at = time.monotonic()
-        self._context = context
+        self._opened, self._session = opened, opened.session
+        self._built.set()
         for hook in self._on_ready:
             try:
-                hook(self._holder())
+                hook(self)
             except Exception:  # best effort (e.g. warming workers): get() still works
                 pass
 
-    @property
-    def _up(self) -> bool:
-        return self._session is not None or self._context is not None
-
-    def _holder(self) -> HasContext:
+    def get(self) -> SparkSession:
+        """The session: waits for a background build, or builds it now."""
         if self._session is not None:
             return self._session
-        assert self._context is not None
-        return ContextOnly(self._context)
-
-    def _wait(self) -> None:
-        """Wait for the background build (starting a full one if none was asked for)."""
-        if self._up:
-            return
         self.start()
-        assert self._thread is not None
-        self._thread.join()
+        self._built.wait()
         if self._error is not None:
             raise self._error
-
-    def tasks(self) -> HasContext:
-        """The context, for work that is only Python tasks: waits for a background build
-        (or builds the session now) but builds no SQL session on a quick one."""
-        self._wait()
-        return self._holder()
-
-    def get(self) -> SparkSession:
-        """The session: waits for a background build, or builds it now (on the context of
-        a quick build: the SQL session only now)."""
-        if self._session is not None:
-            return self._session
-        self._wait()
-        with self._lock:
-            if self._session is None:
-                self._session = self._build()
+        assert self._session is not None
         return self._session
+
+    def close(self) -> None:
+        """Stop what this handle opened (a session that already existed is left running);
+        waits for a build under way first. The handle may be started again afterwards."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            opened, self._opened = self._opened, None
+            if opened is not None:
+                self._session = None
+                self._thread = None
+                self._slots = None
+                self._built.clear()
+        if opened is not None:
+            opened.close()
+
+    @property
+    def kind(self) -> str | None:
+        """``local``, ``cluster``, ``connect`` or ``given`` once built (None before)."""
+        return self._opened.kind if self._opened is not None else None
 
     def note(self, event: str) -> None:
         """Record ``event`` as happening now (thread-safe: hooks run on other threads)."""
@@ -235,13 +172,32 @@ class LazySpark:
                  if at is not None]
         return marks + list(self.events)
 
+    def warm(self) -> int:
+        """Start the session's Python workers (one task per slot, importing the chunk
+        reader) and learn its task slots, once per session; ``workers ready`` is noted."""
+        with self._probe:
+            if self._slots is None:
+                from pgcdc_dagster.spark.chunk_jobs import start_workers
+
+                self._slots = start_workers(self.get())
+                self.note("workers ready")
+            return self._slots
+
     def parallelism(self) -> int:
-        """Tasks the session runs at once; known from a local master without a JVM."""
-        if not self._up and self._master is not None:
+        """Tasks the session runs at once: known from a local master without Spark (also
+        the master a Spark Connect server reports), else found by a job (:meth:`warm`)."""
+        if self._master is not None:
             local = local_parallelism(self._master)
             if local is not None:
                 return local
-        return max(1, int(self.tasks().sparkContext.defaultParallelism))
+        if self._slots is None and self._master is None:
+            try:  # a given session, or a Spark Connect server's: its master may say
+                local = local_parallelism(str(self.get().conf.get("spark.master", "")))
+            except Exception:  # a server that does not show its master
+                local = None
+            if local is not None:
+                return local
+        return self.warm()
 
 
 SparkLike = Union["SparkSession", LazySpark]

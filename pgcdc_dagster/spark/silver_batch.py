@@ -73,9 +73,9 @@ def read_bronze(spark: SparkSession, files: Sequence[str], schema: pa.Schema | N
         return spark.read.option("mergeSchema", "true").parquet(*files)
     if all(is_local(f) for f in files):
         return spark.read.schema(from_arrow_schema(schema)).parquet(*files)
-    slots = max(1, int(spark.sparkContext.defaultParallelism))
+    spread = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 1))
     paths = spark.createDataFrame([(f,) for f in files], "path string") \
-        .repartition(min(len(files), slots))
+        .repartition(min(len(files), spread))
     return paths.mapInArrow(_RemoteReader(schema, storage), from_arrow_schema(schema))
 
 

@@ -21,13 +21,11 @@ failures, so the driver re-raises them with their own type and message.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg2
 import pyarrow as pa
@@ -56,9 +54,6 @@ from pgcdc_dagster.postgres.snapshot_read import (
     read_text_batches,
     set_timeout,
 )
-
-if TYPE_CHECKING:
-    from pgcdc_dagster.spark.lazy import HasContext
 
 ROW_GROUP_BYTES = 8 << 20
 """Text bytes converted and written as one Parquet row group."""
@@ -234,6 +229,8 @@ class ChunkResult:
     silver: tuple[SnapshotFile, ...]
     seconds: float
     error: ChunkError | None = None
+    executor: str = ""
+    """``host:pid`` of the Spark Python worker that read the chunk ("": this process)."""
 
 
 class _Output:
@@ -506,57 +503,6 @@ def _binary_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
         yield pairs, batch.num_rows
 
 
-def _warm(_index: int) -> int:
-    return len(stats_json.__name__)  # this module (and its imports) now loaded in the worker
-
-
-_WARMED: set[str] = set()
-"""Applications whose Python workers were started (one warm-up per Spark application)."""
-
-
-def warm_workers(spark: HasContext, note: Callable[[str], None] | None = None
-                 ) -> threading.Thread | None:
-    """Start the Python workers (and import this module in them) in the background;
-    ``note("workers ready")`` once they ran their first task (the snapshot's timeline).
-
-    A fresh session starts its Python workers on the first task, which costs seconds; doing
-    it while the driver creates the slot and plans the chunks takes that off the snapshot.
-    Workers are reused, so this runs once per Spark application (a Spark job costs the
-    driver's JVM about 0.1 s of CPU, which the chunks need on a small machine). The job is
-    submitted before this returns (an asynchronous count), so when the session's
-    ``on_ready`` hook calls this, it comes before the chunks' job (Spark runs jobs first in,
-    first out) and the note says when the workers were up, not when a chunk freed a slot.
-    """
-    sc = spark.sparkContext
-    app = str(sc.applicationId)
-    if app in _WARMED:
-        return None
-    _WARMED.add(app)
-    slots = max(1, int(sc.defaultParallelism))
-    submitted = threading.Event()
-
-    def run() -> None:
-        try:
-            sc.setJobDescription("pgcdc snapshot: start Python workers")  # this thread's
-            rdd = sc.parallelize(range(slots), slots).map(_warm)
-            future = rdd._jrdd.countAsync()  # JavaRDD's: submitted now, awaited below
-        except Exception:  # best effort: the snapshot may already have failed or finished
-            return
-        finally:
-            submitted.set()
-        try:
-            future.get()
-        except Exception:  # the session stopped, or the job was cancelled
-            return
-        if note is not None:
-            note("workers ready")
-
-    thread = threading.Thread(target=run, name="pgcdc-warm", daemon=True)
-    thread.start()
-    submitted.wait(60)
-    return thread
-
-
 class SharedTransaction:
     """The snapshot transaction the chunks of a group (small tables) read in, one after the
     other: one connection, snapshot import and set of session settings per group instead of
@@ -610,124 +556,3 @@ def run_unit(unit: Unit) -> list[ChunkResult]:
     finally:
         shared.close()
     return results
-
-
-def run_chunks(spark: HasContext, tasks: Sequence[Unit],
-               on_result: Callable[[ChunkResult], None], *, parallelism: int = 0,
-               proceed: Callable[[ChunkTask], bool] = lambda _task: True,
-               on_drained: Callable[[], None] | None = None) -> int:
-    """Run the tasks on the Spark executors, calling ``on_result`` as each chunk finishes;
-    return the number of tasks Spark ran (as its status tracker counts them).
-
-    ``tasks``: chunks, or groups of small tables' chunks (:func:`group_small`), one Spark
-    task each. ``on_result`` runs on the calling thread, one result at a time, as chunks
-    finish; ``on_drained`` after each batch of results received together (the caller
-    records and commits them in bulk there). By default (``parallelism`` 0, or at least the
-    context's default parallelism) all units are the tasks of **one** Spark job, in order,
-    each reporting its results through an accumulator when it finishes; once ``proceed``
-    says False for every chunk not yet finished (after an error), the job is cancelled. A
-    smaller ``parallelism`` (``snapshot.max.threads``) runs each unit as its own job from
-    that many driver threads, and a unit for which ``proceed`` says False for all its chunks
-    when its turn comes is skipped.
-    """
-    if not tasks:
-        return 0
-    sc = spark.sparkContext
-    slots = max(1, int(sc.defaultParallelism))
-    drained = on_drained or (lambda: None)
-    group = f"pgcdc-snapshot-{uuid.uuid4().hex[:8]}"
-    if parallelism and parallelism < slots:
-        _run_threaded(spark, group, tasks, on_result, parallelism, proceed, drained)
-    else:
-        _run_one_job(spark, group, tasks, on_result, proceed, drained)
-    return spark_tasks(spark, group)
-
-
-def spark_tasks(spark: HasContext, group: str) -> int:
-    """Tasks of the jobs of a job group, as Spark's status tracker counts them."""
-    tracker = spark.sparkContext.statusTracker()
-    total = 0
-    for job_id in tracker.getJobIdsForGroup(group):
-        job = tracker.getJobInfo(job_id)
-        for stage_id in job.stageIds if job is not None else ():
-            stage = tracker.getStageInfo(stage_id)
-            total += stage.numTasks if stage is not None else 0
-    return total
-
-
-def _run_one_job(spark: HasContext, group: str, tasks: Sequence[Unit],
-                 on_result: Callable[[ChunkResult], None],
-                 proceed: Callable[[ChunkTask], bool], drained: Callable[[], None]) -> None:
-    sc = spark.sparkContext
-    # pyspark only where Spark works: a run without snapshot chunks never imports it
-    from pgcdc_dagster.spark.chunk_results import ChunkResults, Reported
-
-    results = sc.accumulator([], ChunkResults())
-    failure: list[BaseException] = []
-    cancelled = threading.Event()
-    chunks = sum(len(chunks_of(u)) for u in tasks)
-
-    def job() -> None:
-        try:
-            sc.setJobGroup(group, f"pgcdc snapshot: {chunks} chunks in {len(tasks)} tasks",
-                           interruptOnCancel=True)
-            sc.parallelize(list(tasks), len(tasks)).map(Reported(results)).collect()
-        except BaseException as exc:  # reported (or ignored after a cancel) by the caller
-            failure.append(exc)
-
-    thread = threading.Thread(target=job, name="pgcdc-snapshot-job", daemon=True)
-    thread.start()
-    pending = {(t.chunk.qualified, t.chunk.index): t for u in tasks for t in chunks_of(u)}
-    seen = 0
-    try:
-        while True:
-            finished = not thread.is_alive()
-            values: list[ChunkResult] = results.value
-            fresh = seen < len(values)
-            while seen < len(values):
-                result = values[seen]
-                seen += 1
-                if pending.pop((result.chunk.qualified, result.chunk.index), None) is None:
-                    continue  # a task attempt Spark ran again
-                on_result(result)
-            if fresh:
-                drained()
-            if finished:
-                break
-            if pending and not cancelled.is_set() and \
-                    not any(proceed(t) for t in pending.values()):
-                cancelled.set()
-                sc.cancelJobGroup(group)
-            thread.join(0.02)
-    except BaseException:
-        sc.cancelJobGroup(group)
-        raise
-    if failure and not cancelled.is_set():
-        raise failure[0]
-
-
-def _run_threaded(spark: HasContext, group: str, tasks: Sequence[Unit],
-                  on_result: Callable[[ChunkResult], None], workers: int,
-                  proceed: Callable[[ChunkTask], bool], drained: Callable[[], None]) -> None:
-    sc = spark.sparkContext
-
-    def submit(unit: Unit) -> list[ChunkResult]:
-        if not any(proceed(t) for t in chunks_of(unit)):
-            return []
-        sc.setJobGroup(group, f"pgcdc snapshot {unit}", interruptOnCancel=True)
-        results: list[list[ChunkResult]] = \
-            sc.parallelize([unit], 1).map(run_unit).collect()
-        return results[0]
-
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pgcdc-snap") as pool:
-        futures: list[Future[list[ChunkResult]]] = [pool.submit(submit, t) for t in tasks]
-        try:
-            for future in as_completed(futures):
-                for result in future.result():
-                    on_result(result)
-                drained()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            sc.cancelJobGroup(group)
-            raise

@@ -23,6 +23,7 @@ One scenario over two captures of the same database, 3 and 50 tables:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,7 @@ from pgcdc_dagster.resources import (
     SparkResource,
 )
 from pgcdc_dagster.spark.lazy import LazySpark, local_parallelism
+from pgcdc_dagster.spark.session import Opened
 from tests.support.compare import assert_silver_equals_source
 from tests.support.instance_reads import counting_instance_reads
 
@@ -56,8 +58,11 @@ pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.spark]
 
 def _resources(dsn: str, root: str, schema: str) -> dict[str, object]:
     return {"postgres": PostgresResource(dsn=dsn), "lakehouse": LakehouseResource(root=root),
+            # Snapshot chunks in Spark's workers even this small: the statements counted
+            # below are the driver's (the chunks' reads are not its).
             "capture": CaptureResource(tables=f"{schema}\\..*", slot=f"dg_{schema}",
-                                       publication=f"dg_{schema}"),
+                                       publication=f"dg_{schema}",
+                                       snapshot_spark_threshold_rows=0),
             "spark": SparkResource()}
 
 
@@ -315,7 +320,7 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
         settings = CaptureResource(tables="cost_b\\..*", slot="dg_cost_b",
                                    publication="dg_cost_b").settings(
             pg_dsn, str(tmp_path / "cost_b"))
-        idle_handle = LazySpark(lambda: spark)
+        idle_handle = LazySpark(lambda: Opened(spark, owned=False, kind="given"))
         assert not run_snapshot(settings, idle_handle, force=False).performed
         assert not idle_handle.created
 
@@ -342,8 +347,10 @@ def test_runs_pay_for_the_tables_they_change(pg_dsn, pg_conn, spark, tmp_path) -
     with pg_conn.cursor() as cur:
         cur.execute("CREATE TABLE cost_b.later (id int PRIMARY KEY, v text)")
         cur.execute("INSERT INTO cost_b.later VALUES (1, 'a'), (2, 'b')")
-    busy_handle = LazySpark(lambda: spark)
-    assert run_snapshot(settings, busy_handle, force=False).rows == 2
+    # (Above the snapshot's Spark threshold: 0 here; below it, no Spark either.)
+    busy_handle = LazySpark(lambda: Opened(spark, owned=False, kind="given"))
+    busy = dataclasses.replace(settings, snapshot_spark_threshold_rows=0)
+    assert run_snapshot(busy, busy_handle, force=False).rows == 2
     assert busy_handle.created
     for table in ("t0", "t1", "t2", "t7", "t30", "t49", "late", "later"):
         uri = table_uri(str(tmp_path / "cost_b"), "silver", "cost_b", table)

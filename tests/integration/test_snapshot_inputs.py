@@ -214,7 +214,8 @@ def test_a_table_read_alone_is_spread_over_the_slots(pg_dsn, pg_conn, spark, lak
     assert 2 * PARALLEL_MIN_CHUNK_BYTES <= heap < 64 << 20
     assert int(spark.sparkContext.defaultParallelism) == 2
     sized = {"snapshot_chunk_bytes": 64 << 20, "include": ("public\\.wide",)}
-    spread = run_snapshot(settings_for(pg_dsn, lakehouse, snapshot_max_threads=0, **sized),
+    spread = run_snapshot(settings_for(pg_dsn, lakehouse, snapshot_max_threads=0,
+                                       snapshot_spark_threshold_rows=0, **sized),
                           spark, force=True)
     assert spread.chunks_read == 2 and spread.rows_read == 150000
     keys = bronze_table(lakehouse, "wide").to_pyarrow_table(columns=["key"])["key"]

@@ -134,7 +134,8 @@ def test_many_small_tables_share_tasks_and_converge(pg_dsn, pg_conn, spark, lake
     _create(pg_conn)
     settings = CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse), include=("many\\..*",),
                                slot="many", publication="many",
-                               snapshot_chunk_bytes=256 << 10)
+                               snapshot_chunk_bytes=256 << 10,
+                               snapshot_spark_threshold_rows=0)  # read by Spark tasks
     tables = [f"s{i}" for i in range(SMALL)] + list(BIG)
     checked: list[str] = []
     run = run_bronze(settings, spark, force_snapshot_step=True,

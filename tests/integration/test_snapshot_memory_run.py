@@ -64,7 +64,6 @@ from deltalake import DeltaTable
 from pgcdc_dagster.capture.snapshot_state import SnapshotLog, progress_uri
 from pgcdc_dagster.lake.delta import open_table
 from pgcdc_dagster.lake.paths import table_uri
-from pgcdc_dagster.spark.worker_daemon import DAEMON_MODULE
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -253,12 +252,11 @@ class _WorkerSampler:
             return int(f.read().rsplit(")", 1)[1].split()[1])
 
     def _ours(self, pid: int) -> bool:
-        """A descendant of this process (worker -> daemon -> JVM -> us); the daemon is
-        this project's on a local master (``spark/worker_daemon``), pyspark's otherwise."""
+        """A descendant of this process (worker -> pyspark's daemon -> JVM -> us)."""
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 args = f.read().split(b"\0")
-            if args[1:3] not in ([b"-m", b"pyspark.daemon"], [b"-m", DAEMON_MODULE.encode()]):
+            if args[1:3] != [b"-m", b"pyspark.daemon"]:
                 return False  # (the JVM's command line names the daemon in a --conf)
             for _ in range(6):
                 pid = self._parent(pid)

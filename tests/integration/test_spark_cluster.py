@@ -8,11 +8,12 @@ TRUNCATE, a run SIGKILLed after its bronze commit and its rerun, an incremental 
 silver equal to the source, tables read back by delta-rs, Polars and DuckDB) runs twice at
 the same time: into a local lakehouse and into an ``s3://`` one, with the snapshot chunk
 readers and a Spark-prepared silver batch on the executors. The workers were started
-without the project on their path and without any AWS variable: the executors get the
-project's Python from the documented shared-path settings (``spark.pyspark.python``,
-``spark.executorEnv.PYTHONPATH``, see ``spark/session.cluster_conf``), which the executors'
-own report confirms, and the storage options inside the tasks. Spark's REST API then shows
-the tasks ran on the two workers' executors, not the driver.
+without the project on their path and without any AWS variable: the executors run the
+driver's interpreter (``spark.pyspark.python``) and import the project from the package
+archive the session adds as an artifact (``spark/session.package_archive``), which the
+executors' own report confirms, and get the storage options inside the tasks. Spark's REST
+API and the chunks' result rows then show the tasks ran on the two workers' executors, not
+the driver.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from pathlib import Path
 
 import pytest
 
-from pgcdc_dagster.spark.session import PROJECT_ROOT
 from tests.support import spark_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -54,15 +54,17 @@ def test_end_to_end_on_a_standalone_cluster(cluster, pg_dsn, second_pg_dsn, lake
     result = json.loads(lines[-1][len("RESULT "):])
     print("seconds per step (local, s3):", result["seconds"])
 
-    # The executors ran the driver's interpreter and this checkout's package (the workers'
-    # environment has neither on its path; the venv's installed copy would be another one).
-    assert result["pythons"] == [[sys.executable, PROJECT_ROOT]]
+    # The executors imported the driver's package from the session's artifact (the zip
+    # ``open_session`` adds), not from the workers' environment (no PYTHONPATH there).
+    assert result["packages"] and all(p.endswith("pgcdc_dagster.zip")
+                                      for p in result["packages"]), result["packages"]
     assert all(n > 2 for n in result["chunks"])  # each snapshot was split into tasks
+    # The chunks' result rows name the Python workers that read them: not the driver.
+    pids = {int(e.rsplit(":", 1)[1]) for run in result["chunk_executors"] for e in run}
+    assert pids and result["driver_pid"] not in pids
     by_id = {e["id"]: e for e in result["executors"]}
     workers = [e for i, e in by_id.items() if i != "driver"]
     assert by_id["driver"]["totalTasks"] == 0
     assert len(workers) == 2 and all(e["totalTasks"] > 0 for e in workers), workers
-    snapshot_jobs = [j for j in result["jobs"] if "pgcdc snapshot:" in j["name"]
-                     and "Python workers" not in j["name"]]
-    assert len(snapshot_jobs) == 2 and all(j["status"] == "SUCCEEDED" for j in snapshot_jobs)
+    assert all(j["status"] == "SUCCEEDED" for j in result["jobs"]), result["jobs"]
     assert sum(e["totalTasks"] for e in workers) >= sum(result["chunks"])

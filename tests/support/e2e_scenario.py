@@ -71,12 +71,15 @@ class EngineSteps:
         self.settings = CaptureSettings(dsn=dsn, lakehouse=lake, include=(INCLUDE,), slot=slot,
                                         publication=slot, **settings)
         self.chunks = 0
+        self.executors: list[str] = []
+        """``host:pid`` of the Spark Python workers that read the snapshot's chunks."""
         self.spark_silver_batches = 0
 
     def snapshot(self) -> None:
         run = run_bronze(self.settings, self.spark, force_snapshot_step=True)
         assert run.snapshot is not None and run.snapshot.performed
         self.chunks = sum(t.chunks for t in run.snapshot.tables)
+        self.executors = list(run.snapshot.executors)
         run_silver(self.settings, self.spark)
 
     def microbatch(self) -> None:

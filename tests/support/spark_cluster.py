@@ -106,6 +106,21 @@ def _wait(ready: Any, timeout: float, log: Path) -> None:
     raise RuntimeError(f"Spark cluster not ready after {timeout}s: {log.read_text()[-2000:]}")
 
 
+def _origin(batches: Any) -> Any:
+    """``mapInArrow`` function: where the executor's ``pgcdc_dagster`` comes from (defined
+    here, in the driver's ``__main__``, so that it travels by value: the executors have
+    only the project's package, not its tests)."""
+    import pyarrow as pa
+
+    from pgcdc_dagster.spark import chunk_jobs  # the package is a namespace: no __file__
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({
+        "package": pa.array([str(chunk_jobs.__file__).rsplit("/pgcdc_dagster/", 1)[0]]),
+        "pid": pa.array([os.getpid()], pa.int64())})
+
+
 def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, Any]:
     """Issue 19's end-to-end scenario (:mod:`tests.support.e2e_scenario`) on the cluster, once
     per ``(dsn, lakehouse)``, concurrently, in one application; returns what Spark's REST API
@@ -119,14 +134,15 @@ def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, A
                           {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port),
                            "spark.executor.memory": "512m", "spark.executor.cores": "1"})
 
-    def scenario(i: int, dsn: str, lake: str) -> tuple[int, dict[str, float]]:
+    def scenario(i: int, dsn: str, lake: str) -> tuple[int, list[str], dict[str, float]]:
         conn = psycopg2.connect(dsn)
         conn.autocommit = True
         try:
             steps = e2e_scenario.EngineSteps(spark, dsn, lake, f"cluster{i}",
-                                             snapshot_chunk_bytes=16 << 10)
+                                             snapshot_chunk_bytes=16 << 10,
+                                             snapshot_spark_threshold_rows=0)
             seconds = e2e_scenario.run(steps, conn, lake)["seconds"]
-            return steps.chunks, seconds
+            return steps.chunks, steps.executors, seconds
         finally:
             conn.close()
 
@@ -134,27 +150,18 @@ def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, A
     # (their own databases, slots and lakehouses): the cluster's executors are shared.
     with ThreadPoolExecutor(len(runs)) as pool:
         outcomes = list(pool.map(lambda run: scenario(run[0], *run[1]), enumerate(runs)))
-    chunks = [c for c, _ in outcomes]
-    seconds = [s for _, s in outcomes]
-
-    def interpreter(_: int) -> tuple[str, str]:
-        import sys as executor_sys
-
-        from pgcdc_dagster.spark import session
-
-        return executor_sys.executable, session.PROJECT_ROOT
-
-    pythons = sorted(set(spark.sparkContext.parallelize(range(4), 4).map(interpreter).collect()))
-    app = spark.sparkContext.applicationId
-    api = f"http://127.0.0.1:{ui_port}/api/v1/applications/{app}"
+    origins = spark.range(0, 64).mapInArrow(_origin, "package string, pid bigint").collect()
+    apps = get_json(f"http://127.0.0.1:{ui_port}/api/v1/applications")
+    api = f"http://127.0.0.1:{ui_port}/api/v1/applications/{apps[0]['id']}"
     executors = get_json(f"{api}/allexecutors")
     jobs = get_json(f"{api}/jobs")
     spark.stop()
-    return {"chunks": chunks, "seconds": seconds, "pythons": pythons, "executors": [
-        {"id": e["id"], "hostPort": e["hostPort"], "totalTasks": e["totalTasks"]}
-        for e in executors],
-        "jobs": [{"name": j.get("description") or j["name"], "status": j["status"],
-                  "tasks": j["numCompletedTasks"]} for j in jobs]}
+    return {"chunks": [c for c, _, _ in outcomes], "chunk_executors": [e for _, e, _ in outcomes],
+            "seconds": [s for _, _, s in outcomes], "driver_pid": os.getpid(),
+            "packages": sorted({r["package"] for r in origins}), "executors": [
+                {"id": e["id"], "hostPort": e["hostPort"], "totalTasks": e["totalTasks"]}
+                for e in executors],
+            "jobs": [{"status": j["status"], "tasks": j["numCompletedTasks"]} for j in jobs]}
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _PROBE = """
 import json, sys
-import pgcdc_dagster.spark.chunk_results, pgcdc_dagster.spark.snapshot_tasks
+import pgcdc_dagster.spark.chunk_jobs, pgcdc_dagster.spark.snapshot_tasks
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "deltalake"
                         or m in ("pgcdc_dagster.lake.delta", "pgcdc_dagster.lake.commit_safety"))))
 """
