@@ -143,7 +143,12 @@ def set_timeout(cur: psycopg2.extensions.cursor, timeout_ms: int) -> None:
 def timed_out(exc: psycopg2.Error, label: str, timeout_ms: int) -> PgCdcError:
     """The error for a statement cancelled by ``statement_timeout``, naming the setting."""
     message = (exc.pgerror or str(exc)).strip().splitlines()[0]
-    return PgCdcError(
+    return PgCdcError(timed_out_message(label, message, timeout_ms))
+
+
+def timed_out_message(label: str, message: str, timeout_ms: int) -> str:
+    """What to say about a statement cancelled by ``statement_timeout``."""
+    return (
         f"{label}: {message} (statement_timeout {timeout_ms} ms). A statement that runs an "
         "additional-conditions filter or a snapshot.select.statement.overrides SELECT is "
         "cancelled after PGCDC_INCREMENTAL_STATEMENT_TIMEOUT_MS; make the filter cheaper (a "

@@ -1,0 +1,174 @@
+"""Snapshot chunks read as Arrow: which columns travel natively, and their conversion.
+
+The chunk's query runs through :mod:`pgcdc_dagster.postgres.arrow_reader` (ADBC, binary
+COPY). A column travels as the driver's native Arrow type when the Debezium encodings can
+be computed from it exactly with Arrow compute (:data:`NATIVE`, by the type's built-in OID,
+never a domain, and only for exactly the converter built for it): integers, floats,
+booleans, TIMESTAMPTZ, DATE, and the types whose Arrow value *is* their text output (text,
+varchar, bpchar, json, jsonb). Every other column is selected as its text output
+(``concat(col)``, which calls the type's output function under the reader's pinned session
+settings; NULL stays NULL) and converted by the column's own text converter, exactly as a
+streamed value is. NUMERIC travels as text too: the driver's own NUMERIC to string
+conversion costs more than PostgreSQL's output function (measured in docs/bench/).
+
+The driver cannot represent every TIMESTAMPTZ or DATE (``infinity`` overflows its
+arithmetic); so beside each of those columns the query selects a guard column, the value's
+text when it lies outside years 1-9999 (infinite, BC, far future) and NULL otherwise. A
+batch whose guard holds a value converts that column from text (the native values printed
+as PostgreSQL prints them, the guard's text for the others), so the text converter decides
+as it does for streamed values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg2 import sql
+
+from pgcdc_dagster.capture.snapshot_fastpath import fast_convert
+from pgcdc_dagster.cdc.typeconv import ColumnConverter
+from pgcdc_dagster.cdc.typeconv.scalars import BooleanConverter, FloatConverter, IntegerConverter
+from pgcdc_dagster.cdc.typeconv.temporal import DateConverter, TimestampTzConverter
+
+NATIVE: dict[int, str] = {
+    16: "bool", 21: "int", 23: "int", 20: "int", 700: "float", 701: "float",
+    25: "text", 1043: "text", 1042: "text", 114: "text", 3802: "text",
+    1184: "timestamptz", 1082: "date",
+}
+"""Built-in type OIDs read as the driver's Arrow type, and how they convert."""
+_CONVERTER: dict[str, type] = {
+    "bool": BooleanConverter, "int": IntegerConverter, "float": FloatConverter,
+    "timestamptz": TimestampTzConverter, "date": DateConverter,
+}
+"""Kinds converted from values: only for exactly these converters (a column mapper
+subclass works on text)."""
+GUARDED = {"timestamptz": ("'0001-01-01 00:00:00+00'::timestamptz",
+                           "'10000-01-01 00:00:00+00'::timestamptz"),
+           "date": ("'0001-01-01'::date", "'10000-01-01'::date")}
+"""Kinds selected with a guard column, and the range the native conversion covers."""
+
+Converted = tuple[pa.Array, pa.Array]
+
+
+def native_kind(conv: ColumnConverter) -> str | None:
+    """How the column travels natively, or None for its text output."""
+    pgtype = getattr(conv, "pgtype", None)
+    kind = NATIVE.get(getattr(pgtype, "oid", -1))
+    if kind is None:
+        return None
+    expected = _CONVERTER.get(kind)
+    if expected is not None and type(conv) is not expected:
+        return None
+    return kind
+
+
+def arrow_select(query: sql.Composable, columns: Sequence[str],
+                 kinds: Sequence[str | None]) -> sql.Composable:
+    """The chunk query with its non-native columns turned into their text output and a
+    guard column after each guarded one (see the module's docstring)."""
+    items: list[sql.Composable] = []
+    for name, kind in zip(columns, kinds, strict=True):
+        col = sql.Identifier(name)
+        if kind is None:
+            items.append(sql.SQL("CASE WHEN num_nulls({c}) = 0 THEN concat({c}) END")
+                         .format(c=col))
+            continue
+        items.append(col)
+        if kind in GUARDED:
+            lo, hi = GUARDED[kind]
+            items.append(sql.SQL("CASE WHEN {c} IS NULL OR ({c} >= {lo} AND {c} < {hi}) "
+                                 "THEN NULL ELSE {c}::text END").format(
+                c=col, lo=sql.SQL(lo), hi=sql.SQL(hi)))
+    return sql.SQL("SELECT {} FROM ({}) AS _pgcdc_chunk").format(sql.SQL(", ").join(items),
+                                                                 query)
+
+
+def width(kinds: Sequence[str | None]) -> int:
+    """Columns of a batch of :func:`arrow_select`'s query."""
+    return len(kinds) + sum(1 for k in kinds if k in GUARDED)
+
+
+def _finish(conv: ColumnConverter, bronze: pa.Array, silver: pa.Array | None) -> Converted:
+    """Debezium's fallback for a NULL in a NOT NULL column (then silver from bronze)."""
+    if not conv.bronze_field.nullable and bronze.null_count:
+        bronze = pc.fill_null(bronze, conv.bronze_fallback())
+        silver = None
+    if silver is None:
+        silver = conv.from_bronze(bronze)
+    return bronze, silver
+
+
+def _storage(values: pa.Array) -> pa.Array:
+    return values.storage if isinstance(values, pa.ExtensionArray) else values
+
+
+def _text(values: pa.Array) -> pa.Array:
+    values = _storage(values)
+    return values if values.type == pa.string() else pc.cast(values, pa.string())
+
+
+def _guarded_text(values: pa.Array, guard: pa.Array, printed: pa.Array) -> pa.Array:
+    """PostgreSQL's text of a guarded column: the guard's text where it holds one, else the
+    native value as PostgreSQL prints it (``printed``, computed on the others only)."""
+    return pc.if_else(pc.is_valid(guard), guard, printed)
+
+
+def _timestamptz(conv: ColumnConverter, values: pa.Array, guard: pa.Array) -> Converted:
+    assert isinstance(conv, TimestampTzConverter)
+    outside = guard.null_count < len(guard)
+    naive = pc.cast(values, pa.timestamp("us"))
+    if outside:  # only rows the guard leaves NULL are valid native values
+        naive = pc.if_else(pc.is_valid(guard), pa.scalar(None, pa.timestamp("us")), naive)
+    # "YYYY-MM-DD HH:MM:SS.ffffff", six fraction digits whatever the value
+    printed = pc.cast(naive, pa.string())
+    if outside:
+        text = _guarded_text(values, guard, pc.binary_join_element_wise(printed, "+00", ""))
+        return fast_convert(conv, text)
+    digits = conv.width or 0
+    body = pc.utf8_slice_codeunits(printed, 0, 19 + (digits + 1 if digits else 0))
+    bronze = pc.binary_join_element_wise(
+        pc.replace_substring(body, " ", "T", max_replacements=1), "Z", "")
+    return _finish(conv, bronze, pc.cast(values, pa.timestamp("us", tz="UTC")))
+
+
+def _date(conv: ColumnConverter, values: pa.Array, guard: pa.Array) -> Converted:
+    if guard.null_count < len(guard):
+        masked = pc.if_else(pc.is_valid(guard), pa.scalar(None, pa.date32()), values)
+        return fast_convert(conv, _guarded_text(values, guard, pc.cast(masked, pa.string())))
+    silver = pc.cast(values, pa.date32())
+    return _finish(conv, silver.view(pa.int32()), silver)
+
+
+def convert_column(conv: ColumnConverter, kind: str | None, values: pa.Array,
+                   guard: pa.Array | None = None) -> Converted:
+    """``(bronze, silver)`` of one column of a batch; ``kind`` from :func:`native_kind`
+    (None: the column was selected as text); ``guard``: its guard column."""
+    if kind is None or kind == "text":
+        return fast_convert(conv, _text(values))
+    if kind == "bool":
+        return _finish(conv, values, values)
+    if kind in ("int", "float"):
+        bronze = pc.cast(values, conv.bronze_field.type)
+        same = conv.silver_field.type == bronze.type
+        return _finish(conv, bronze, bronze if same else None)
+    assert guard is not None
+    if kind == "timestamptz":
+        return _timestamptz(conv, values, guard)
+    if kind == "date":
+        return _date(conv, values, guard)
+    raise ValueError(f"unknown native kind {kind!r}")
+
+
+def convert_batch(converters: Sequence[ColumnConverter], kinds: Sequence[str | None],
+                  batch: pa.RecordBatch) -> list[Converted]:
+    """Every column's ``(bronze, silver)`` of a batch of :func:`arrow_select`'s query."""
+    out: list[Converted] = []
+    at = 0
+    for conv, kind in zip(converters, kinds, strict=True):
+        values = batch.column(at)
+        guard = batch.column(at + 1) if kind in GUARDED else None
+        at += 2 if kind in GUARDED else 1
+        out.append(convert_column(conv, kind, values, guard))
+    return out
