@@ -31,6 +31,7 @@ from pgcdc_dagster.capture.snapshot_fastpath import fast_convert
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.cdc.typeconv.scalars import BooleanConverter, FloatConverter, IntegerConverter
 from pgcdc_dagster.cdc.typeconv.temporal import DateConverter, TimestampTzConverter
+from pgcdc_dagster.postgres.arrow_reader import text_output
 
 NATIVE: dict[int, str] = {
     16: "bool", 21: "int", 23: "int", 20: "int", 700: "float", 701: "float",
@@ -72,8 +73,7 @@ def arrow_select(query: sql.Composable, columns: Sequence[str],
     for name, kind in zip(columns, kinds, strict=True):
         col = sql.Identifier(name)
         if kind is None:
-            items.append(sql.SQL("CASE WHEN num_nulls({c}) = 0 THEN concat({c}) END")
-                         .format(c=col))
+            items.append(text_output(name))
             continue
         items.append(col)
         if kind in GUARDED:

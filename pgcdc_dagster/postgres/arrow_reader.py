@@ -20,12 +20,13 @@ rendered here without a psycopg2 connection (:func:`render`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from typing import Any
 
 import adbc_driver_manager
-import adbc_driver_postgresql.dbapi as adbc
+import adbc_driver_postgresql
 import psycopg2.extensions
 import pyarrow as pa
 from psycopg2 import sql
@@ -43,6 +44,7 @@ from pgcdc_dagster.postgres.snapshot_read import (
 BATCH_BYTES = 8 << 20
 """Arrow bytes per batch the driver builds (``adbc.postgresql.batch_size_hint_bytes``)."""
 _BATCH_OPTION = "adbc.postgresql.batch_size_hint_bytes"
+_SAVEPOINT = "pgcdc_read"
 _SNAPSHOT_NAME = re.compile(r"^[0-9A-Fa-f]+(-[0-9A-Fa-f]+)+$")
 
 
@@ -78,6 +80,21 @@ def render(query: sql.Composable) -> str:
     if isinstance(query, sql.Literal):
         return quote_literal(query.wrapped)
     raise TypeError(f"cannot render {type(query).__name__} without a connection")
+
+
+def text_output(column: str) -> sql.Composable:
+    """A column as its type's text output (NULL stays NULL); see :func:`text_select`."""
+    return sql.SQL("CASE WHEN num_nulls({c}) = 0 THEN concat({c}) END").format(
+        c=sql.Identifier(column))
+
+
+def text_select(query: sql.Composable, columns: Sequence[str]) -> sql.Composable:
+    """``query``'s ``columns``, each as its type's text output (``concat(col)`` calls the
+    output function, as COPY's text format does: ``inet`` without ``/32``, ``char(n)``
+    padded; NULL stays NULL), in order."""
+    items = [text_output(name) for name in columns]
+    return sql.SQL("SELECT {} FROM ({}) AS _pgcdc_rows").format(sql.SQL(", ").join(items),
+                                                                query)
 
 
 # --- connections ---------------------------------------------------------------------------
@@ -119,9 +136,16 @@ def translate(exc: adbc_driver_manager.Error, label: str,
     return PgCdcError(f"{label}: {message}" + (f" (SQLSTATE {state})" if state else ""))
 
 
+_DATABASES: dict[str, adbc_driver_manager.AdbcDatabase] = {}
+"""The driver's database handle of each connection string, made on first use: it loads
+PostgreSQL's type catalog once (a connection of its own), so each reader after the first
+costs one connection, not two."""
+_DATABASES_LOCK = threading.Lock()
+
+
 def connect_arrow(dsn: str, *, application_name: str = "pgcdc_dagster chunk reader"
-                  ) -> adbc.Connection:
-    """An autocommit ADBC connection (``connect_timeout`` as :func:`connection.connect`).
+                  ) -> adbc_driver_manager.AdbcConnection:
+    """An ADBC connection (autocommit; ``connect_timeout`` as :func:`connection.connect`).
 
     Raises:
         ConfigurationError: the DSN does not parse (never quoted).
@@ -137,7 +161,12 @@ def connect_arrow(dsn: str, *, application_name: str = "pgcdc_dagster chunk read
             "PGCDC_PG_DSN is not a valid libpq connection string; the value is not shown "
             "here because it holds the password.") from None
     try:
-        return adbc.connect(target, autocommit=True)
+        with _DATABASES_LOCK:
+            database = _DATABASES.get(target)
+            if database is None:
+                database = adbc_driver_postgresql.connect(target)
+                _DATABASES[target] = database
+        return adbc_driver_manager.AdbcConnection(database)
     except adbc_driver_manager.Error as exc:
         message = scrub(redact(_error_text(exc)), dsn).strip()
         raise SourceUnavailableError(
@@ -177,10 +206,12 @@ class ArrowSnapshot:
             raise
 
     def _run(self, statement: str) -> None:
-        with self.conn.cursor() as cur:
-            cur.execute(statement)
-            with suppress(adbc_driver_manager.Error):
-                cur.fetchall()
+        stmt = adbc_driver_manager.AdbcStatement(self.conn)
+        try:
+            stmt.set_sql_query(statement)
+            stmt.execute_update()
+        finally:
+            stmt.close()
 
     def set_timeout(self, timeout_ms: int) -> None:
         """``statement_timeout`` of the next reads (0: none), for this transaction."""
@@ -189,10 +220,12 @@ class ArrowSnapshot:
             self.timeout_ms = timeout_ms
 
     def batches(self, query: sql.Composable | str, *, label: str = "snapshot read",
-                batch_bytes: int = BATCH_BYTES, statement_timeout_ms: int = 0
-                ) -> Iterator[pa.RecordBatch]:
+                batch_bytes: int = BATCH_BYTES, statement_timeout_ms: int = 0,
+                savepoint: bool = False) -> Iterator[pa.RecordBatch]:
         """The query's rows as record batches of about ``batch_bytes``, read as they are
         pulled; ``statement_timeout_ms`` > 0 cancels the query after that long (user SQL).
+        ``savepoint``: a failed read rolls back to a savepoint taken before it, so the
+        transaction stays usable for the next reads (many tables in one snapshot).
 
         Raises:
             TableVanishedError: the table or a column no longer exists.
@@ -201,12 +234,20 @@ class ArrowSnapshot:
         text = query if isinstance(query, str) else render(query)
         try:
             self.set_timeout(statement_timeout_ms)
-            with self.conn.cursor() as cur:
-                cur.adbc_statement.set_options(**{_BATCH_OPTION: str(max(1, batch_bytes))})
-                cur.execute(text)
-                reader: pa.RecordBatchReader = cur.fetch_record_batch()
-                yield from reader
+            if savepoint:
+                self._run(f"SAVEPOINT {_SAVEPOINT}")
+            stmt = adbc_driver_manager.AdbcStatement(self.conn)
+            try:
+                stmt.set_options(**{_BATCH_OPTION: str(max(1, batch_bytes))})
+                stmt.set_sql_query(text)
+                stream, _ = stmt.execute_query()
+                with pa.RecordBatchReader.from_stream(stream) as reader:
+                    yield from reader
+            finally:
+                stmt.close()
         except adbc_driver_manager.Error as exc:
+            if savepoint:
+                self._run(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             raise translate(exc, label, statement_timeout_ms) from None
 
     def close(self) -> None:
@@ -214,8 +255,8 @@ class ArrowSnapshot:
         if conn is None:
             return
         self.conn = None  # type: ignore[assignment]
-        with suppress(adbc_driver_manager.Error):
-            conn.close()
+        with suppress(adbc_driver_manager.Error, RuntimeError):
+            conn.close()  # ends the transaction
 
     def __enter__(self) -> ArrowSnapshot:
         return self

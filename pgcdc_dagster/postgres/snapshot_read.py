@@ -1,6 +1,6 @@
-"""Snapshot reads: chunk planning, chunk queries and COPY streams as Arrow text batches.
+"""Snapshot reads: chunk planning, chunk queries, overrides and consistent points.
 
-Chunks (design.md §3, decision 7; issue 5):
+Chunks (design.md §3, decision 7):
 
 * **key ranges** for every table with a key (every captured table has one: a primary key or a
   replica identity index, both btree, NOT NULL and unique). Boundaries are equal-width
@@ -13,23 +13,17 @@ Chunks (design.md §3, decision 7; issue 5):
   can be used. An update may move a row to another block, so CTID chunks are only consistent
   when all of them are read in the same snapshot.
 
-Reading: ``COPY (SELECT ...) TO STDOUT`` in PostgreSQL's text format runs in a thread that
-writes into an OS pipe, and pyarrow's streaming CSV reader parses it (tab-separated, no
-quoting, ``\\N`` for NULL; newlines inside values are escaped, so a row is one line and the
-parser needs no quote tracking). Values escaped by COPY (backslash, control characters) are
-unescaped after parsing, for the few values that hold a backslash. Memory stays bounded by
-the parser's block size whatever the chunk's size. Every reader transaction pins the session
-settings the converters expect (ISO dates, ``postgres`` intervals, UTC, shortest exact floats,
-hex bytea), so the text equals what pgoutput would send under the same settings.
+Reading is :mod:`pgcdc_dagster.postgres.arrow_reader`'s (ADBC, Arrow record batches). Every
+reader transaction pins the session settings the text converters expect
+(:data:`SESSION_SETTINGS`: ISO dates, ``postgres`` intervals, UTC, shortest exact floats, hex
+bytea), so a column read as text equals what pgoutput would send under the same settings.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -37,9 +31,6 @@ from typing import Any
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 from psycopg2 import sql
 
 from pgcdc_dagster.cdc.lsn import Lsn
@@ -49,11 +40,10 @@ from pgcdc_dagster.postgres.sql_filter import RejectedSql, check_select, single_
 from pgcdc_dagster.postgres.statements import execute
 
 CSV_BLOCK_BYTES = 1 << 20
-"""Default parser block: about ``snapshot.fetch.size`` rows of a typical table."""
+"""Default reader batch: about ``snapshot.fetch.size`` rows of a typical table."""
 MIN_BLOCK_BYTES = 128 << 10
 MAX_BLOCK_BYTES = 1 << 20
-"""pyarrow's streaming CSV reader reads up to 32 blocks ahead on its I/O thread, so a reader
-holds up to 32x its block: 1 MiB blocks keep that near 32 MiB whatever ``snapshot.fetch.size``."""
+"""Reader batches are gathered into row groups (``row_group_bytes``) before conversion."""
 
 SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
     ("client_encoding", "UTF8"),
@@ -535,199 +525,14 @@ def validate_override(conn: psycopg2.extensions.connection, schema: str, table: 
 
 # --- reading -----------------------------------------------------------------------------
 
-_UNESCAPE = {"\\": "\\", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
-_ESCAPE_RE = re.compile(r"\\(.)", re.DOTALL)
-
-
-def unescape_copy_text(value: str) -> str:
-    """Undo COPY text-format escaping (COPY TO writes only these escapes)."""
-    return _ESCAPE_RE.sub(lambda m: _UNESCAPE.get(m.group(1), m.group(1)), value)
-
-
-def _unescape_column(col: pa.Array) -> pa.Array:
-    mask = pc.match_substring(col, "\\")
-    if not pc.any(mask).as_py():
-        return col
-    texts = col.to_pylist()
-    flags = pc.fill_null(mask, False)
-    repl = [unescape_copy_text(t) for t, f in zip(texts, flags.to_pylist(), strict=True)
-            if f and t is not None]
-    return pc.replace_with_mask(col, flags, pa.array(repl, pa.string()))
-
-
-PLAIN_TYPES = frozenset({
-    "int2", "int4", "int8", "float4", "float8", "numeric", "bool", "date", "time", "timetz",
-    "timestamp", "timestamptz", "interval", "uuid", "inet", "cidr", "macaddr", "macaddr8",
-    "oid", "pg_lsn"})
-"""Types whose text output never holds a backslash or a control character (no COPY escape)."""
-
-
-def unescape_batch(batch: pa.RecordBatch, escaped: Collection[int] | None) -> pa.RecordBatch:
-    cols = [_unescape_column(c) if escaped is None or i in escaped else c
-            for i, c in enumerate(batch.columns)]
-    return pa.RecordBatch.from_arrays(cols, schema=batch.schema)
-
-
-def text_reader(source: Any, columns: Sequence[str],
-                 block_size: int) -> pacsv.CSVStreamingReader:
-    names = list(columns)
-    return pacsv.open_csv(
-        source,
-        read_options=pacsv.ReadOptions(column_names=names, block_size=block_size,
-                                       use_threads=False),
-        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
-                                         newlines_in_values=False, ignore_empty_lines=False),
-        convert_options=pacsv.ConvertOptions(
-            column_types={n: pa.string() for n in names},
-            strings_can_be_null=True,
-            null_values=["\\N"],
-            check_utf8=False,  # client_encoding UTF8: the server sends valid UTF-8 only
-        ),
-    )
-
-
 def block_bytes(fetch_size: int, row_bytes: int) -> int:
-    """Parser block for ``snapshot.fetch.size`` rows of about ``row_bytes`` text bytes.
+    """Reader batch for ``snapshot.fetch.size`` rows of about ``row_bytes`` bytes.
 
-    COPY streams rows as the server produces them, so the fetch size cannot bound a network
-    round trip as it does for Debezium's JDBC cursor; it sizes the unit the reader parses,
-    within [``MIN_BLOCK_BYTES``, ``MAX_BLOCK_BYTES``] so memory stays bounded.
+    The Arrow reader streams a COPY, so the fetch size cannot bound a network round trip as
+    it does for Debezium's JDBC cursor; it sizes the batches the reader builds, within
+    [``MIN_BLOCK_BYTES``, ``MAX_BLOCK_BYTES``] so memory stays bounded.
     """
     return max(MIN_BLOCK_BYTES, min(MAX_BLOCK_BYTES, fetch_size * max(row_bytes, 1)))
-
-
-def _translate(exc: psycopg2.Error, label: str) -> Exception:
-    message = (exc.pgerror or str(exc) or type(exc).__name__).strip().splitlines()[0]
-    if isinstance(exc, psycopg2.errors.UndefinedTable | psycopg2.errors.UndefinedColumn):
-        return TableVanishedError(
-            f"{label}: {message}. The table or column was dropped or renamed after the "
-            "snapshot was planned. Remove it from table.include.list (or restore it) and run "
-            "the snapshot again; chunks already read are kept.")
-    if isinstance(exc, psycopg2.errors.ReadOnlySqlTransaction):
-        return ConfigurationError(
-            f"{label}: {message}. Snapshot reads run in READ ONLY transactions; a "
-            "snapshot.select.statement.overrides SELECT must not write (no nextval(), no "
-            "functions that modify data).")
-    if isinstance(exc, psycopg2.errors.InvalidParameterValue) and "snapshot" in message:
-        return SnapshotExpiredError(
-            f"{label}: {message}. The exported snapshot is gone (its replication connection "
-            "closed before every chunk was read). Run the snapshot again; it resumes with the "
-            "chunks not yet read.")
-    if "cannot allocate memory" in message or "no message from the libpq" in message:
-        return PgCdcError(
-            f"{label}: {message}. The chunk reader most likely ran out of memory receiving a "
-            "row (libpq reports a failed buffer allocation this way): a row larger than the "
-            "memory of the Python worker, or spark.executor.pyspark.memory set too low (with "
-            "pyarrow's default allocator a worker reserves about 1.8 GiB of address space "
-            "while using a few hundred MB). Raise the limit and run the snapshot again; "
-            "chunks already read are kept.")
-    same: Exception = exc
-    return same
-
-
-def open_snapshot_transaction(dsn: str, snapshot_name: str | None, *,
-                              label: str = "snapshot read") -> psycopg2.extensions.connection:
-    """A connection in a REPEATABLE READ READ ONLY transaction that imported
-    ``snapshot_name``, with the session settings pinned: for many reads of one snapshot
-    (``within=`` of :func:`read_text_batches` and ``binary_read.read_binary_rows``). The
-    caller ends the transaction and closes the connection.
-
-    Raises:
-        SnapshotExpiredError: ``snapshot_name`` can no longer be imported.
-    """
-    conn = connect(dsn, autocommit=False, application_name="pgcdc_dagster chunk reader")
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            if snapshot_name:
-                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-            set_session(cur)
-    except psycopg2.Error as exc:
-        conn.close()
-        raise _translate(exc, label) from None
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def read_text_batches(dsn: str, snapshot_name: str | None, query: sql.Composable,
-                      columns: Sequence[str], *, block_size: int = CSV_BLOCK_BYTES,
-                      label: str = "snapshot read",
-                      escaped: Collection[int] | None = None,
-                      statement_timeout_ms: int = 0,
-                      within: psycopg2.extensions.connection | None = None,
-                      ) -> Iterator[pa.RecordBatch]:
-    """Yield batches of the query's rows, every column as text (NULL as null).
-
-    With ``snapshot_name`` the query runs in a REPEATABLE READ READ ONLY transaction that
-    imports that exported snapshot, so every chunk sees the same consistent state.
-    ``within``: run the query in that connection's open transaction instead (many reads of
-    one snapshot on one connection; the caller ends the transaction and closes it).
-    ``label`` names the work in error messages; ``escaped`` lists the columns whose values
-    may hold COPY escapes (None = all; see :data:`PLAIN_TYPES`). ``statement_timeout_ms``
-    > 0 cancels the query after that long (user SQL: filters, overrides).
-
-    Raises:
-        TableVanishedError: the table or a column no longer exists.
-        SnapshotExpiredError: ``snapshot_name`` can no longer be imported.
-    """
-    conn = within if within is not None else \
-        connect(dsn, autocommit=False, application_name="pgcdc_dagster chunk reader")
-    copy = sql.SQL("COPY ({}) TO STDOUT").format(query).as_string(conn)
-    read_fd, write_fd = os.pipe()
-    source = os.fdopen(read_fd, "rb", closefd=True)
-    failure: list[BaseException] = []
-
-    def produce() -> None:
-        try:
-            with os.fdopen(write_fd, "wb", buffering=1 << 16, closefd=True) as sink, \
-                    conn.cursor() as cur:
-                if within is None:
-                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                    if snapshot_name:
-                        cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-                set_session(cur)
-                if statement_timeout_ms:
-                    set_timeout(cur, statement_timeout_ms)
-                cur.copy_expert(copy, sink, size=1 << 20)
-        except BaseException as exc:
-            failure.append(exc)
-
-    def failed() -> Exception | None:
-        thread.join()
-        if not failure:
-            return None
-        exc = failure[0]
-        if isinstance(exc, psycopg2.errors.QueryCanceled) and statement_timeout_ms:
-            return timed_out(exc, label, statement_timeout_ms)
-        return _translate(exc, label) if isinstance(exc, psycopg2.Error) else \
-            exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
-
-    thread = threading.Thread(target=produce, name="pgcdc-copy", daemon=True)
-    thread.start()
-    try:
-        try:
-            reader = text_reader(source, columns, block_size)
-            for batch in reader:
-                yield unescape_batch(batch, escaped)
-        except pa.ArrowInvalid as exc:
-            if "Empty CSV" not in str(exc):
-                cause = failed()
-                if cause is not None:
-                    raise cause from None
-                raise
-        cause = failed()
-        if cause is not None:
-            raise cause from None
-    finally:
-        if thread.is_alive():
-            conn.cancel()  # the consumer stopped early: end the COPY, unblock the writer
-        source.close()
-        thread.join(timeout=60)
-        if within is None and not conn.closed:
-            conn.rollback()
-            conn.close()
 
 
 # --- consistent points -------------------------------------------------------------------

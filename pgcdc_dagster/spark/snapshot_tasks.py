@@ -446,19 +446,34 @@ def _arrow_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
                   columns: list[str], shared: SharedTransaction | None = None
                   ) -> Iterator[Converted]:
     """Row groups of about ``row_group_bytes`` Arrow bytes, read through the Arrow reader
-    (``postgres/arrow_reader.py``) and converted column-wise (``snapshot_arrow``)."""
+    (``postgres/arrow_reader.py``) in batches of ``block_size`` (``snapshot.fetch.size``
+    rows) and converted column-wise (``snapshot_arrow``)."""
     kinds = [native_kind(c) if task.binary else None for c in task.converters]
     select = arrow_select(query, columns, kinds)
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+
+    def group() -> Converted:
+        batch = pending[0] if len(pending) == 1 else \
+            pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+        pending.clear()
+        pairs = convert_batch(task.converters, kinds, batch)
+        conv.plan_dictionary([b for b, _ in pairs])
+        return pairs, batch.num_rows
+
     for batch in read_batches(task.dsn, task.snapshot_name, select, label=str(task.chunk),
-                              batch_bytes=task.row_group_bytes,
+                              batch_bytes=min(task.block_size, task.row_group_bytes),
                               statement_timeout_ms=task.statement_timeout_ms,
                               within=None if shared is None else shared.connection(task)):
         if batch.num_rows == 0:
             continue
-        pairs, rows = convert_batch(task.converters, kinds, batch), batch.num_rows
-        del batch
-        conv.plan_dictionary([b for b, _ in pairs])
-        yield pairs, rows
+        if pending and pending_bytes + batch.nbytes > task.row_group_bytes:
+            yield group()
+            pending_bytes = 0
+        pending.append(batch)
+        pending_bytes += batch.nbytes
+    if pending:
+        yield group()
 
 
 def _warm(_index: int) -> int:

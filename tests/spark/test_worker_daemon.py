@@ -29,7 +29,7 @@ def _inherited(_index: int
     from pgcdc_dagster.spark import worker_daemon as daemon
 
     return (os.getpid(), os.getppid(), daemon.PRELOADED_IN,
-            "pgcdc_dagster.capture.snapshot_binary" in sys.modules, str(pyspark.__file__),
+            "pgcdc_dagster.capture.snapshot_arrow" in sys.modules, str(pyspark.__file__),
             [entry for entry in sys.path if entry.endswith(".zip")],
             gc.get_freeze_count(), len(gc.get_objects()))
 

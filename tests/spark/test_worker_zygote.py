@@ -38,7 +38,7 @@ def probe(_index):
     import os, sys
     from pgcdc_dagster.spark import worker_daemon as daemon
     return (os.getpid(), os.getppid(), daemon.PRELOADED_IN, daemon.HANDED_OFF_FROM,
-            "pgcdc_dagster.capture.snapshot_binary" in sys.modules, hash("pgcdc"))
+            "pgcdc_dagster.capture.snapshot_arrow" in sys.modules, hash("pgcdc"))
 
 def sleeper(_index):
     import os, time

@@ -84,30 +84,6 @@ def decimal_array_to_bytes(values: pa.Array) -> pa.BinaryArray:
     return out
 
 
-def int64_decimal_bytes(unscaled: np.ndarray, null: np.ndarray) -> pa.BinaryArray:
-    """Unscaled int64 values (NULL where ``null``) -> Kafka Connect Decimal bytes.
-
-    The byte count is 1 plus the number of 8-bit steps the magnitude (``~v`` for negative
-    ``v``) reaches past a sign bit; the bytes are the tail of the big-endian int64.
-    """
-    n = len(unscaled)
-    magnitude = np.where(unscaled < 0, ~unscaled, unscaled)
-    lengths = np.ones(n, dtype=np.int32)
-    for k in range(1, 8):
-        lengths += magnitude >= (1 << (8 * k - 1))
-    lengths[null] = 0
-    big_endian = unscaled.astype(">i8").view(np.uint8).reshape(n, 8)
-    data = big_endian[np.arange(8)[None, :] >= (8 - lengths)[:, None]]
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    nulls = int(null.sum())
-    validity = pa.array(~null, type=pa.bool_()).buffers()[1] if nulls else None
-    out = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets),
-                                                 pa.py_buffer(data)], null_count=nulls)
-    assert isinstance(out, pa.BinaryArray)
-    return out
-
-
 def text_to_decimal_bytes(text: pa.StringArray, precision: int, scale: int) -> pa.BinaryArray:
     """PostgreSQL numeric text of a NUMERIC(p,s) column -> Decimal bytes at ``scale``."""
     if precision <= 38:
