@@ -74,7 +74,7 @@ def render(query: sql.Composable) -> str:
     if isinstance(query, sql.Composed):
         return "".join(render(part) for part in query.seq)
     if isinstance(query, sql.SQL):
-        return query.string
+        return str(query.string)
     if isinstance(query, sql.Identifier):
         return ".".join('"' + s.replace('"', '""') + '"' for s in query.strings)
     if isinstance(query, sql.Literal):
