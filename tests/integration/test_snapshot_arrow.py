@@ -29,8 +29,9 @@ from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import TypeModes
 from pgcdc_dagster.lake.delta import ensure_table
 from pgcdc_dagster.postgres.arrow_reader import read_batches
+from pgcdc_dagster.postgres.chunk_plan import key_columns
 from pgcdc_dagster.postgres.connection import connection
-from pgcdc_dagster.postgres.snapshot_read import Chunk, chunk_query, key_columns
+from pgcdc_dagster.postgres.snapshot_read import Chunk, chunk_query
 from pgcdc_dagster.spark.snapshot_tasks import ChunkTask, run_chunk
 
 pytestmark = [pytest.mark.integration]

@@ -28,12 +28,9 @@ from pgcdc_dagster.capture.snapshot import load_contexts
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.postgres.arrow_reader import read_batches
-from pgcdc_dagster.postgres.snapshot_read import (
-    Chunk,
-    ExportedPoint,
-    key_columns_of,
-    temporary_exported_snapshot,
-)
+from pgcdc_dagster.postgres.chunk_plan import key_columns_of
+from pgcdc_dagster.postgres.exported_snapshot import ExportedPoint, temporary_exported_snapshot
+from pgcdc_dagster.postgres.snapshot_read import Chunk
 from pgcdc_dagster.spark.snapshot_tasks import ChunkGroup, ChunkResult, ChunkTask, run_unit
 
 pytestmark = [pytest.mark.integration]

@@ -16,20 +16,22 @@ from pgcdc_dagster.exceptions import ConfigurationError, UnsupportedTypeError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import live_rows
 from pgcdc_dagster.postgres.arrow_reader import read_batches, text_select
-from pgcdc_dagster.postgres.snapshot_read import (
-    MAX_BLOCK_BYTES,
-    MIN_BLOCK_BYTES,
+from pgcdc_dagster.postgres.chunk_plan import (
     PARALLEL_MIN_CHUNK_BYTES,
-    Chunk,
-    TableVanishedError,
-    block_bytes,
     chunk_counts,
-    chunk_query,
     key_columns,
     plan_chunks,
     plan_key_chunks,
     table_size,
-    validate_override,
+)
+from pgcdc_dagster.postgres.snapshot_override import validate_override
+from pgcdc_dagster.postgres.snapshot_read import (
+    MAX_BLOCK_BYTES,
+    MIN_BLOCK_BYTES,
+    Chunk,
+    TableVanishedError,
+    block_bytes,
+    chunk_query,
 )
 from tests.integration.test_snapshot import (
     SCHEMA,
