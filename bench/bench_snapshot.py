@@ -48,7 +48,7 @@ import psycopg2
 from bench.bench_stream import _RSS, WholeProcess
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import run_snapshot
-from pgcdc_dagster.postgres.local_cluster import LocalCluster
+from pgcdc_dagster.postgres.local_cluster import LocalCluster, tls_overrides
 from pgcdc_dagster.spark.lazy import LazySpark
 from pgcdc_dagster.spark.session import open_session
 
@@ -256,6 +256,9 @@ def main() -> None:
     parser.add_argument("--threshold", type=int, default=0,
                         help="snapshot_spark_threshold_rows (0: Spark reads the chunks; above "
                         "the rows: read in this process)")
+    parser.add_argument("--sslmode", default="disable", choices=("disable", "require"),
+                        help="require: the cluster accepts TLS and every connection (raw "
+                             "COPY and ours) uses it")
     args = parser.parse_args()
     THRESHOLD[0] = args.threshold
     tables = [t for t in args.tables.split(",") if t]
@@ -263,13 +266,15 @@ def main() -> None:
         sys.exit(f"--tables: choose among {', '.join(TABLES)}")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     root = Path(tempfile.mkdtemp(prefix="pgcdc-bench-snap-"))
-    cluster = LocalCluster(root / "pg").start()
+    tls = tls_overrides(root / "certs") if args.sslmode == "require" else {}
+    cluster = LocalCluster(root / "pg", overrides=tls).start()
+    dsn = f"{cluster.dsn} sslmode={args.sslmode}"
     try:
-        per_table = fill_tables(cluster.dsn, args.rows, tables)
+        per_table = fill_tables(dsn, args.rows, tables)
         total = per_table * len(tables)
         if args.repeat < 1:  # whole processes only: no Spark in this process
-            raw_copy_seconds(cluster.dsn, tables)  # warm the cache
-            whole_processes(cluster.dsn, root, tables, total, args.whole_repeat)
+            raw_copy_seconds(dsn, tables)  # warm the cache
+            whole_processes(dsn, root, tables, total, args.whole_repeat)
             return
         # The handle a run's snapshot gets (the spark resource's): started as the snapshot
         # step starts it, its workers warmed (spark/lazy.py); the start is not snapshot work.
@@ -278,10 +283,10 @@ def main() -> None:
         if args.threshold == 0:
             spark.start(on_ready=LazySpark.warm)
             spark.warm()
-        raw_copy_seconds(cluster.dsn, tables)  # warm the cache
+        raw_copy_seconds(dsn, tables)  # warm the cache
         roots = [cluster_pid(cluster.data_dir), os.getpid()]
         load_start = os.getloadavg()
-        cold, rows = snapshot_seconds(cluster.dsn, root, "cold", spark, tables)
+        cold, rows = snapshot_seconds(dsn, root, "cold", spark, tables)
         assert rows == total, (rows, total)
         raws: list[float] = []
         ours: list[float] = []
@@ -290,17 +295,18 @@ def main() -> None:
         raw_bytes = 0
         for i in range(args.repeat):
             elapsed, raw_bytes, cpu = measured(
-                roots, lambda: raw_copy_seconds(cluster.dsn, tables))
+                roots, lambda: raw_copy_seconds(dsn, tables))
             raws.append(elapsed)
             raw_cpu.append(cpu)
             elapsed, rows, cpu = measured(
-                roots, partial(snapshot_seconds, cluster.dsn, root, f"warm{i}", spark, tables))
+                roots, partial(snapshot_seconds, dsn, root, f"warm{i}", spark, tables))
             assert rows == total, (rows, total)
             ours.append(elapsed)
             our_cpu.append(cpu)
         load_end = os.getloadavg()
         pairs = [r / o for r, o in zip(raws, ours, strict=True)]
         raw_s, ours_s = min(raws), min(ours)
+        print(f"connections: sslmode={args.sslmode}")
         print(f"rows: {total:,} in {len(tables)} tables ({raw_bytes / 1e6:.0f} MB as COPY binary)")
         print(f"raw COPY binary (limit): {total / raw_s:,.0f} rows/s ({raw_s:.2f} s best, "
               f"{statistics.median(raws):.2f} s median; {min(raw_cpu):.2f} CPU s)")
@@ -321,7 +327,7 @@ def main() -> None:
             shutil.rmtree(root / "cold", ignore_errors=True)  # the disk the job writes to
             for i in range(args.repeat):
                 shutil.rmtree(root / f"warm{i}", ignore_errors=True)
-            whole_processes(cluster.dsn, root, tables, total, args.whole_repeat, raw_s)
+            whole_processes(dsn, root, tables, total, args.whole_repeat, raw_s)
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)  # ~800 MB of data and lakehouse per run

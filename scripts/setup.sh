@@ -17,8 +17,6 @@ compgen -G "/usr/lib/postgresql/*/lib/decoderbufs.so" >/dev/null \
 compgen -G "/usr/lib/postgresql/*/lib/wal2json.so" >/dev/null \
   || packages+=("postgresql-${PG_MAJOR}-wal2json")
 python3.11 -c 'import ensurepip, venv' >/dev/null 2>&1 || packages+=("python3-venv")
-# The snapshot reader's compiled loops (pgcdc_dagster/native); without them numpy runs them.
-command -v cc >/dev/null 2>&1 || packages+=("gcc" "libc6-dev")
 
 if [ "${#packages[@]}" -gt 0 ]; then
   echo "setup: installing Debian packages: ${packages[*]}"
@@ -181,8 +179,3 @@ if .venv/bin/python -c "$archive_missing" 2>/dev/null; then
     || echo "setup: no Spark class archive (Spark starts without it): .venv/class-archive.log" >&2
 fi
 
-# The snapshot reader's compiled loops (pgcdc_dagster/native/build.py): compiled once per
-# source and compiler into the same cache (a no-op when there); best effort: without them a
-# process builds them on first use, or numpy runs them.
-.venv/bin/python -m pgcdc_dagster.native.build >.venv/native-build.log 2>&1 \
-  || echo "setup: no native loops (numpy runs them): .venv/native-build.log" >&2

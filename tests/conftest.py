@@ -2,6 +2,8 @@
 
 ``PGCDC_TEST_DSN`` points the tests at an existing server (it needs wal_level=logical and a
 role allowed to create databases, slots and publications) instead of starting one.
+``PGCDC_TEST_SSLMODE=require`` starts the server with TLS (a self-signed certificate) and
+connects every test with ``sslmode=require``: the same tests, over encrypted connections.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from pgcdc_dagster.postgres.local_cluster import LocalCluster
+from pgcdc_dagster.postgres.local_cluster import LocalCluster, tls_overrides
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -39,9 +41,11 @@ def pg_server() -> Iterator[str]:
         yield external
         return
     root = Path(tempfile.mkdtemp(prefix="pgcdc-test-pg-"))
-    cluster = LocalCluster(root / "pg").start()
+    sslmode = os.environ.get("PGCDC_TEST_SSLMODE", "")
+    tls = tls_overrides(root / "certs") if sslmode == "require" else {}
+    cluster = LocalCluster(root / "pg", overrides=tls).start()
     try:
-        yield cluster.dsn
+        yield f"{cluster.dsn} sslmode={sslmode}" if sslmode else cluster.dsn
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)

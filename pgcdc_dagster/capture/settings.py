@@ -87,11 +87,12 @@ class CaptureSettings:
     ``snapshot.select.statement.overrides.<schema>.<table>`` properties); the SELECT decides
     which rows the snapshot reads and must be one read-only SELECT returning the columns."""
     snapshot_fetch_size: int = 10240
-    """``snapshot.fetch.size``: rows per read; sizes the COPY parser's block (this many rows
+    """``snapshot.fetch.size``: rows per read; sizes the reader's batches (this many rows
     of the table's average width), so it bounds each reader's memory."""
     snapshot_binary: bool = True
-    """Read snapshot chunks with binary COPY (numbers, booleans, TIMESTAMPTZ, DATE and text
-    types in their binary format, other columns as their text output); False: text COPY."""
+    """Read the columns the Arrow reader takes natively (numbers, booleans, TIMESTAMPTZ,
+    DATE, text types) as Arrow values, the others as their text output; False: every
+    column as its text output."""
     snapshot_max_threads: int = 0
     """``snapshot.max.threads``: chunks read at once; 0 = Spark's default parallelism."""
     skipped_operations: str = "none"

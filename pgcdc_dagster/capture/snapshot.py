@@ -71,6 +71,16 @@ from pgcdc_dagster.lake.paths import is_local
 from pgcdc_dagster.lake.storage import storage_options
 from pgcdc_dagster.names import resolve_table_id, table_id
 from pgcdc_dagster.postgres.catalog import column_facts, load_types
+from pgcdc_dagster.postgres.chunk_plan import (
+    TableSize,
+    chunk_counts,
+    key_columns,
+    key_columns_of,
+    plan_chunks,
+    plan_key_chunks,
+    table_size,
+    table_sizes,
+)
 from pgcdc_dagster.postgres.connection import connection
 from pgcdc_dagster.postgres.discovery import (
     SkippedTable,
@@ -80,31 +90,20 @@ from pgcdc_dagster.postgres.discovery import (
     leave_out_partitioned,
     resolve_capture,
 )
+from pgcdc_dagster.postgres.exported_snapshot import (
+    ExportedPoint,
+    create_plain_slot,
+    published_tables,
+    temporary_exported_snapshot,
+)
 from pgcdc_dagster.postgres.slot import (
     create_slot_with_snapshot,
     drop_slot,
     ensure_publication,
     slot_info,
 )
-from pgcdc_dagster.postgres.snapshot_read import (
-    Chunk,
-    ExportedPoint,
-    KeyColumn,
-    TableSize,
-    TableVanishedError,
-    block_bytes,
-    chunk_counts,
-    create_plain_slot,
-    key_columns,
-    key_columns_of,
-    plan_chunks,
-    plan_key_chunks,
-    published_tables,
-    table_size,
-    table_sizes,
-    temporary_exported_snapshot,
-    validate_override,
-)
+from pgcdc_dagster.postgres.snapshot_override import validate_override
+from pgcdc_dagster.postgres.snapshot_read import Chunk, KeyColumn, TableVanishedError, block_bytes
 from pgcdc_dagster.spark.chunk_jobs import run_chunks, run_units_here
 from pgcdc_dagster.spark.lazy import LazySpark, SparkLike
 from pgcdc_dagster.spark.snapshot_tasks import (

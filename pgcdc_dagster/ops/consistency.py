@@ -49,13 +49,12 @@ from pgcdc_dagster.lake.delta import load_table
 from pgcdc_dagster.lake.storage import filesystem
 from pgcdc_dagster.ops.digest import Digest, differences, key_hashes
 from pgcdc_dagster.ops.table_facts import TableFacts, read_facts, still_at
-from pgcdc_dagster.postgres.connection import connect, connection, redact
-from pgcdc_dagster.postgres.copy_blocks import copy_text_blocks
+from pgcdc_dagster.postgres.arrow_reader import ArrowSnapshot, text_select
+from pgcdc_dagster.postgres.connection import connection, redact
 from pgcdc_dagster.postgres.peek import peek_window
 from pgcdc_dagster.postgres.privileges import explain_error
 from pgcdc_dagster.postgres.slot import slot_info
 from pgcdc_dagster.postgres.slot_lock import slot_guard_or_reason
-from pgcdc_dagster.postgres.snapshot_read import set_session
 
 SILVER_BATCH_ROWS = 65_536
 """Silver rows hashed at a time (memory stays bounded whatever the table's size)."""
@@ -307,14 +306,11 @@ def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, public
         pending = [p for p in pending if not p[1].reason]
         if not pending:
             return reports
-        snap = connect(dsn, autocommit=False, application_name="pgcdc_dagster check")
+        snap = ArrowSnapshot(dsn, None, label="consistency check",
+                             application_name="pgcdc_dagster check")
         try:
-            with snap.cursor() as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                set_session(cur)  # once for every table's COPY (copy_blocks.py)
-                cur.execute("SELECT pg_current_wal_insert_lsn()::text")
-                insert_lsn = cur.fetchone()[0]
-            source_lsn = Lsn.parse(insert_lsn)
+            (position,) = snap.batches("SELECT pg_current_wal_insert_lsn()::text AS lsn")
+            source_lsn = Lsn.parse(position.column(0)[0].as_py())
             for _, report, _ in pending:
                 report.source_lsn = source_lsn
             backlog = int(source_lsn) - int(info.confirmed_flush_lsn)
@@ -342,8 +338,7 @@ def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, public
                         report.reason = f"could not compare: {explain_error(exc, redact)}"
                     _samples(report)
         finally:
-            snap.rollback()
-            snap.close()
+            snap.close()  # ends the transaction
     return reports
 
 
@@ -403,7 +398,7 @@ def _exclude_pending(ctx: TableContext, report: ConsistencyReport, cmp: _Compari
     return True
 
 
-def _digest_both(reader: ThreadPoolExecutor, snap: psycopg2.extensions.connection,
+def _digest_both(reader: ThreadPoolExecutor, snap: ArrowSnapshot,
                  ctx: TableContext, report: ConsistencyReport, cmp: _Comparison) -> None:
     """Hash silver (on ``reader``'s thread) and the source rows (read in ``snap``'s
     REPEATABLE READ transaction: every table at the same point, on one connection; a failed
@@ -417,8 +412,9 @@ def _digest_both(reader: ThreadPoolExecutor, snap: psycopg2.extensions.connectio
         sql.SQL(", ").join(sql.Identifier(c) for c in report.columns),
         sql.Identifier(ctx.relation.namespace, ctx.relation.name))
     try:
-        copy_text_blocks(snap, query, report.columns,
-                         lambda text: cmp.digest(report.source, cmp.source_batch(text)))
+        for text in snap.batches(text_select(query, report.columns), label=ctx.name,
+                                 savepoint=True):
+            cmp.digest(report.source, cmp.source_batch(text))
     finally:
         wait([silver_digest])  # it reads this table's report and comparison
     silver_digest.result()

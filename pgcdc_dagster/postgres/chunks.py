@@ -38,12 +38,8 @@ from psycopg2 import sql
 from pgcdc_dagster.cdc.changes import Row
 from pgcdc_dagster.cdc.dblog import WATERMARK_PREFIX, Watermark
 from pgcdc_dagster.exceptions import ConfigurationError
-from pgcdc_dagster.postgres.snapshot_read import (
-    KeyColumn,
-    read_text_batches,
-    set_timeout,
-    timed_out,
-)
+from pgcdc_dagster.postgres.arrow_reader import read_batches, text_select
+from pgcdc_dagster.postgres.snapshot_read import KeyColumn, set_timeout, timed_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +224,7 @@ def read_chunk(dsn: str, spec: ChunkSpec, after: Sequence[str | None] | None,
                upto: Sequence[str | None] | None, limit: int
                ) -> tuple[list[Row], list[str | None] | None]:
     """Read one chunk (a READ ONLY transaction of its own with ``spec.timeout_ms`` as
-    ``statement_timeout``; COPY, values as text).
+    ``statement_timeout``; through the Arrow reader, every value as its text output).
 
     Returns the rows (text bytes in ``spec.columns`` order) and the ordering key of the
     last row (None for an empty chunk).
@@ -237,9 +233,10 @@ def read_chunk(dsn: str, spec: ChunkSpec, after: Sequence[str | None] | None,
     rows: list[Row] = []
     last: list[str | None] | None = None
     width = len(spec.columns)
-    for batch in read_text_batches(dsn, None, chunk_select(spec, after, upto, limit), names,
-                                   label=f"incremental snapshot of {spec.schema}.{spec.table}",
-                                   statement_timeout_ms=spec.timeout_ms):
+    query = text_select(chunk_select(spec, after, upto, limit), names)
+    for batch in read_batches(dsn, None, query,
+                              label=f"incremental snapshot of {spec.schema}.{spec.table}",
+                              statement_timeout_ms=spec.timeout_ms):
         if not batch.num_rows:
             continue
         # Column-wise: string -> binary is zero-copy and to_pylist yields the bytes (None for

@@ -169,3 +169,25 @@ def _read_port(conf: Path) -> int:
         if key.strip() == "port":
             return int(value.strip())
     raise ConfigurationError(f"no port in {conf}")
+
+
+def tls_overrides(certs: Path) -> dict[str, str]:
+    """``postgresql.conf`` settings that make a :class:`LocalCluster` accept TLS (what
+    ``sslmode=require`` asks for) with a self-signed certificate written into ``certs``;
+    plain connections stay accepted. Needs the ``openssl`` command."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise ConfigurationError("a TLS test cluster needs the openssl command "
+                                 "(scripts/setup.sh installs it)")
+    certs.mkdir(parents=True, exist_ok=True)
+    subprocess.run([openssl, "req", "-new", "-x509", "-days", "2", "-nodes", "-subj",
+                    "/CN=localhost", "-newkey", "rsa:2048", "-keyout", str(certs / "key.pem"),
+                    "-out", str(certs / "cert.pem")], check=True, capture_output=True)
+    (certs / "key.pem").chmod(0o600)
+    if os.geteuid() == 0:  # the server runs as postgres: it must own its key
+        for path in (certs, *certs.iterdir()):
+            shutil.chown(path, "postgres", "postgres")
+        for parent in certs.resolve().parents:
+            parent.chmod(parent.stat().st_mode | 0o011)
+    return {"ssl": "on", "ssl_cert_file": f"'{certs / 'cert.pem'}'",
+            "ssl_key_file": f"'{certs / 'key.pem'}'"}

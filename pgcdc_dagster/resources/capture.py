@@ -87,9 +87,9 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         default=10240, description="snapshot.fetch.size: rows per read (sizes the COPY "
         "parser's block, which bounds each chunk reader's memory).")
     snapshot_binary_copy: bool = Field(
-        default=True, description="Read snapshot chunks with binary COPY (cheaper for "
-        "PostgreSQL and for us; columns without an exact binary decoder come as their text "
-        "output). False reads every chunk with text COPY.")
+        default=True, description="Read the snapshot columns the Arrow reader takes natively "
+        "(numbers, booleans, TIMESTAMPTZ, DATE, text types) as Arrow values; the others come "
+        "as their text output. False reads every column as its text output.")
     snapshot_max_threads: int = Field(
         default=0, description="snapshot.max.threads: chunks read at once; 0 = Spark's "
         "default parallelism.")

@@ -1,11 +1,12 @@
-"""Snapshot chunks as Spark tasks: each task COPYs one chunk inside an exported snapshot and
+"""Snapshot chunks as Spark tasks: each task reads one chunk inside an exported snapshot and
 writes one bronze Parquet file and the silver files (clustered by key at the target file
 size, :class:`_ClusteredOutput`) straight into the Delta table directories.
 
-A chunk is read with binary COPY (``binary``, the default: columns decoded with numpy, see
-:mod:`pgcdc_dagster.capture.snapshot_binary`) or text COPY (CSV parsing); either way it is
-converted and written one row group (about ``row_group_bytes`` of rows) at a time, so memory
-per task is bounded by a few row groups whatever the chunk's size. The driver commits the
+A chunk is read as Arrow record batches (:mod:`pgcdc_dagster.postgres.arrow_reader`, ADBC's
+PostgreSQL driver, plain or TLS alike) and converted with Arrow compute
+(:mod:`pgcdc_dagster.capture.snapshot_arrow`) and written one row group (about
+``row_group_bytes`` of Arrow data) at a time, so memory per task is bounded by a few row
+groups whatever the chunk's size. The driver commits the
 returned files through delta-rs; a task never commits.
 
 Chunks of small tables share a task (:class:`ChunkGroup`, planned by
@@ -34,26 +35,17 @@ import pyarrow.parquet as pq
 from psycopg2 import sql
 
 from pgcdc_dagster import exceptions
-from pgcdc_dagster.capture.snapshot_binary import binary_select, convert_column, native_kind
+from pgcdc_dagster.capture.snapshot_arrow import arrow_select, convert_batch, native_kind
 from pgcdc_dagster.capture.snapshot_convert import ChunkConverter
-from pgcdc_dagster.capture.snapshot_fastpath import fast_convert
 from pgcdc_dagster.cdc.changes import Relation
-from pgcdc_dagster.cdc.copy_columns import split_fields
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import ColumnConverter
 from pgcdc_dagster.lake.file_stats import delta_stats as stats_json
 from pgcdc_dagster.lake.parquet_layout import SAMPLE_ROWS
 from pgcdc_dagster.lake.storage import filesystem
 from pgcdc_dagster.postgres import snapshot_read
-from pgcdc_dagster.postgres.binary_read import read_binary_rows
-from pgcdc_dagster.postgres.snapshot_read import (
-    Chunk,
-    KeyColumn,
-    chunk_query,
-    open_snapshot_transaction,
-    read_text_batches,
-    set_timeout,
-)
+from pgcdc_dagster.postgres.arrow_reader import ArrowSnapshot, read_batches
+from pgcdc_dagster.postgres.snapshot_read import Chunk, KeyColumn, chunk_query
 
 ROW_GROUP_BYTES = 8 << 20
 """Text bytes converted and written as one Parquet row group."""
@@ -86,7 +78,8 @@ class ChunkTask:
     row_group_bytes: int = ROW_GROUP_BYTES
     file_prefix: str = "snap"
     binary: bool = True
-    """Read with binary COPY (``snapshot_binary``); False: text COPY."""
+    """Read the columns :mod:`~pgcdc_dagster.capture.snapshot_arrow` can take natively as
+    Arrow values; False: every column as its text output (the same reader)."""
     statement_timeout_ms: int = 0
     """``statement_timeout`` of the chunk's read (set for an override's chunks; 0: none)."""
     silver_file_bytes: int = 0
@@ -271,14 +264,6 @@ class _Output:
                 pass
 
 
-def _escaped(converters: Sequence[ColumnConverter]) -> set[int]:
-    """Columns whose text may hold COPY escapes (all but the plain built-in types)."""
-    plain = snapshot_read.PLAIN_TYPES
-    return {i for i, conv in enumerate(converters)
-            if getattr(getattr(conv, "pgtype", None), "name", None) not in plain
-            or getattr(getattr(conv, "pgtype", None), "schema", "pg_catalog") != "pg_catalog"}
-
-
 def run_chunk(task: ChunkTask, shared: SharedTransaction | None = None) -> ChunkResult:
     """Read one chunk and write its bronze and silver Parquet files (runs on a worker);
     ``shared``: read it in the transaction the chunks of its group share."""
@@ -315,8 +300,7 @@ def _run_chunk(task: ChunkTask, started: float, shared: SharedTransaction | None
     ordered = bool(task.silver_file_bytes) and \
         [k.name for k in task.key] == list(task.relation.key_names)
     query = chunk_query(task.chunk, columns, task.key, task.override, ordered=ordered)
-    groups = _binary_groups(task, conv, query, columns, shared) if task.binary else \
-        _text_groups(task, conv, query, columns, shared)
+    groups = _arrow_groups(task, conv, query, columns, shared)
     try:
         first = True
         for (pairs, n), last in _with_last(groups):
@@ -455,52 +439,40 @@ def _with_last(items: Iterator[_T]) -> Iterator[tuple[_T, bool]]:
     yield held, True
 
 
-def _text_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
-                 columns: list[str], shared: SharedTransaction | None = None
-                 ) -> Iterator[Converted]:
-    """Row groups read with text COPY (CSV parsing), about ``row_group_bytes`` each."""
+def _arrow_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
+                  columns: list[str], shared: SharedTransaction | None = None
+                  ) -> Iterator[Converted]:
+    """Row groups of about ``row_group_bytes`` Arrow bytes, read through the Arrow reader
+    (``postgres/arrow_reader.py``) in batches of ``block_size`` (``snapshot.fetch.size``
+    rows) and converted column-wise (``snapshot_arrow``)."""
+    kinds = [native_kind(c) if task.binary else None for c in task.converters]
+    select = arrow_select(query, columns, kinds)
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
 
     def group() -> Converted:
-        text = pa.Table.from_batches(pending).combine_chunks()
-        conv.plan_dictionary(text.columns)
-        return [fast_convert(c, text.column(i).combine_chunks())
-                for i, c in enumerate(task.converters)], text.num_rows
+        batch = pending[0] if len(pending) == 1 else \
+            pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+        pending.clear()
+        pairs = convert_batch(task.converters, kinds, batch)
+        conv.plan_dictionary([b for b, _ in pairs])
+        return pairs, batch.num_rows
 
-    for batch in read_text_batches(task.dsn, task.snapshot_name, query, columns,
-                                   block_size=task.block_size, label=str(task.chunk),
-                                   escaped=_escaped(task.converters),
-                                   statement_timeout_ms=task.statement_timeout_ms,
-                                   within=None if shared is None else shared.connection(task)):
+    for batch in read_batches(task.dsn, task.snapshot_name, select, label=str(task.chunk),
+                              batch_bytes=min(task.block_size, task.row_group_bytes),
+                              statement_timeout_ms=task.statement_timeout_ms,
+                              within=None if shared is None else shared.connection(task)):
         if batch.num_rows == 0:
             continue
-        if pending_bytes + batch.nbytes > task.row_group_bytes and pending:
+        if pending and pending_bytes + batch.nbytes > task.row_group_bytes:
             yield group()
-            pending, pending_bytes = [], 0
+            pending_bytes = 0
         pending.append(batch)
         pending_bytes += batch.nbytes
     if pending:
         yield group()
 
 
-def _binary_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
-                   columns: list[str], shared: SharedTransaction | None = None
-                   ) -> Iterator[Converted]:
-    """Row groups read with binary COPY, decoded column-wise (``snapshot_binary``)."""
-    kinds = [native_kind(c) for c in task.converters]
-    select = binary_select(query, columns, task.converters)
-    label = str(task.chunk)
-    for rows in read_binary_rows(task.dsn, task.snapshot_name, select,
-                                 batch_bytes=task.row_group_bytes, label=label,
-                                 statement_timeout_ms=task.statement_timeout_ms,
-                                 within=None if shared is None else shared.connection(task)):
-        batch = split_fields(rows, len(columns), label=label)
-        del rows
-        pairs = [convert_column(c, k, batch, i)
-                 for i, (c, k) in enumerate(zip(task.converters, kinds, strict=True))]
-        conv.plan_dictionary([b for b, _ in pairs])
-        yield pairs, batch.num_rows
 
 
 class SharedTransaction:
@@ -512,28 +484,17 @@ class SharedTransaction:
     one chunk's read set (an override's) is reset before the next chunk's."""
 
     def __init__(self) -> None:
-        self.conn: psycopg2.extensions.connection | None = None
-        self.timeout_ms = 0
+        self.reader: ArrowSnapshot | None = None
 
-    def connection(self, task: ChunkTask) -> psycopg2.extensions.connection:
-        if self.conn is None:
-            self.conn = open_snapshot_transaction(task.dsn, task.snapshot_name,
-                                                  label=str(task.chunk))
-        elif self.timeout_ms and not task.statement_timeout_ms:
-            with self.conn.cursor() as cur:
-                set_timeout(cur, 0)
-        self.timeout_ms = task.statement_timeout_ms
-        return self.conn
+    def connection(self, task: ChunkTask) -> ArrowSnapshot:
+        if self.reader is None:
+            self.reader = ArrowSnapshot(task.dsn, task.snapshot_name, label=str(task.chunk))
+        return self.reader
 
     def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None and not conn.closed:
-            try:
-                conn.rollback()
-            except psycopg2.Error:
-                pass  # closing ends the transaction too
-            finally:
-                conn.close()
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            reader.close()  # closing ends the transaction
 
 
 def run_unit(unit: Unit) -> list[ChunkResult]:

@@ -19,7 +19,8 @@ from pgcdc_dagster.capture.snapshot_fastpath import _FAST, fast_convert
 from pgcdc_dagster.cdc.typeconv import TypeModes
 from pgcdc_dagster.cdc.typeconv.temporal import TimestampTzConverter
 from pgcdc_dagster.exceptions import UnsupportedTypeError
-from pgcdc_dagster.postgres.snapshot_read import Chunk, chunk_query, read_text_batches
+from pgcdc_dagster.postgres.arrow_reader import read_batches, text_select
+from pgcdc_dagster.postgres.snapshot_read import Chunk, chunk_query
 
 pytestmark = [pytest.mark.integration]
 
@@ -50,7 +51,8 @@ def _columns(settings: CaptureSettings, table: str):
     ctx = next(c for c in load_contexts(settings) if c.relation.name == table)
     cols = [c.name for c in ctx.relation.columns]
     query = chunk_query(Chunk("public", table, 0), cols)
-    data = pa.Table.from_batches(list(read_text_batches(settings.dsn, None, query, cols)))
+    data = pa.Table.from_batches(list(read_batches(settings.dsn, None,
+                                                   text_select(query, cols))))
     return ctx, data
 
 

@@ -27,12 +27,10 @@ from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_contexts
 from pgcdc_dagster.capture.tables import TableContext
 from pgcdc_dagster.cdc.envelope import SourceIdentity
-from pgcdc_dagster.postgres.snapshot_read import (
-    Chunk,
-    ExportedPoint,
-    key_columns_of,
-    temporary_exported_snapshot,
-)
+from pgcdc_dagster.postgres.arrow_reader import read_batches
+from pgcdc_dagster.postgres.chunk_plan import key_columns_of
+from pgcdc_dagster.postgres.exported_snapshot import ExportedPoint, temporary_exported_snapshot
+from pgcdc_dagster.postgres.snapshot_read import Chunk
 from pgcdc_dagster.spark.snapshot_tasks import ChunkGroup, ChunkResult, ChunkTask, run_unit
 
 pytestmark = [pytest.mark.integration]
@@ -103,7 +101,9 @@ def test_group_shares_one_snapshot_transaction(pg_dsn, pg_conn, lakehouse: Path)
             for i in range(TABLES):
                 cur.execute(f"INSERT INTO grp.t{i} VALUES (1000, 'late')")
         tasks = _tasks(pg_dsn, pg_conn, contexts, point)
-        for group in (tasks, tuple(replace(t, binary=False) for t in tasks)):  # text COPY too
+        # the driver's own connection that loads the type catalog, once per process
+        list(read_batches(pg_dsn, None, "SELECT 1 AS one"))
+        for group in (tasks, tuple(replace(t, binary=False) for t in tasks)):  # all as text too
             before = _sessions(pg_conn)
             results = run_unit(ChunkGroup(group))
             assert _sessions(pg_conn, before + 1) - before == 1, \

@@ -15,21 +15,23 @@ from pgcdc_dagster.cdc.typeconv import TypeModes
 from pgcdc_dagster.exceptions import ConfigurationError, UnsupportedTypeError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.lake.silver import live_rows
-from pgcdc_dagster.postgres.snapshot_read import (
-    MAX_BLOCK_BYTES,
-    MIN_BLOCK_BYTES,
+from pgcdc_dagster.postgres.arrow_reader import read_batches, text_select
+from pgcdc_dagster.postgres.chunk_plan import (
     PARALLEL_MIN_CHUNK_BYTES,
-    Chunk,
-    TableVanishedError,
-    block_bytes,
     chunk_counts,
-    chunk_query,
     key_columns,
     plan_chunks,
     plan_key_chunks,
-    read_text_batches,
     table_size,
-    validate_override,
+)
+from pgcdc_dagster.postgres.snapshot_override import validate_override
+from pgcdc_dagster.postgres.snapshot_read import (
+    MAX_BLOCK_BYTES,
+    MIN_BLOCK_BYTES,
+    Chunk,
+    TableVanishedError,
+    block_bytes,
+    chunk_query,
 )
 from tests.integration.test_snapshot import (
     SCHEMA,
@@ -174,14 +176,14 @@ def test_ctid_ranges_read_every_row_once(pg_dsn, pg_conn) -> None:
     seen: list[int] = []
     for chunk in chunks:
         query = chunk_query(chunk, ["v", "t"])
-        for batch in read_text_batches(pg_dsn, None, query, ["v", "t"]):
+        for batch in read_batches(pg_dsn, None, query):
             seen.extend(int(v) for v in batch.column(0).to_pylist())
     assert sorted(seen) == [v for v in range(1, 20001) if v % 5]
 
 
 def test_fetch_size_sizes_the_reader_blocks(pg_dsn, pg_conn) -> None:
     """snapshot.fetch.size (SNAP-26): rows per read. COPY streams, so it sizes
-    the parser's block (fetch size x the table's average row), clamped so a reader's memory
+    the reader's batches (fetch size x the table's average row), clamped so a reader's memory
     stays bounded; a larger fetch size reads in fewer, larger batches."""
     with pg_conn.cursor() as cur:
         cur.execute("CREATE TABLE f (id int PRIMARY KEY, t text); INSERT INTO f SELECT g, "
@@ -195,10 +197,10 @@ def test_fetch_size_sizes_the_reader_blocks(pg_dsn, pg_conn) -> None:
     shapes = {}
     for fetch in (1, 2000, 10**9):
         block = block_bytes(fetch, size.row_bytes)
-        rows = [b.num_rows for b in read_text_batches(pg_dsn, None, query, ["id", "t"],
-                                                      block_size=block)]
+        rows = [b.num_rows for b in read_batches(pg_dsn, None, text_select(query, ["id", "t"]),
+                                                 batch_bytes=block)]
         assert sum(rows) == 40000
-        assert max(rows) * 205 <= block  # a batch never holds more than one block of text
+        assert max(rows) * 205 <= 2 * block  # about one block of text per batch
         shapes[fetch] = len(rows)
     assert shapes[1] > shapes[2000] > shapes[10**9]
 

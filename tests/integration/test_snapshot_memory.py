@@ -28,8 +28,9 @@ from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_contexts
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.lake.delta import ensure_table
+from pgcdc_dagster.postgres.chunk_plan import key_columns, table_size
 from pgcdc_dagster.postgres.connection import connection
-from pgcdc_dagster.postgres.snapshot_read import Chunk, block_bytes, key_columns, table_size
+from pgcdc_dagster.postgres.snapshot_read import Chunk, block_bytes
 from pgcdc_dagster.spark.snapshot_tasks import ChunkTask
 
 pytestmark = [pytest.mark.integration]

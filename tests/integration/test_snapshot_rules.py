@@ -9,7 +9,7 @@ from pgcdc_dagster.capture.snapshot_state import ChunkDone, SnapshotState, Table
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, SlotLostError
 from pgcdc_dagster.postgres.slot import SlotInfo
-from pgcdc_dagster.postgres.snapshot_read import Chunk, unescape_copy_text
+from pgcdc_dagster.postgres.snapshot_read import Chunk
 from pgcdc_dagster.postgres.sql_filter import single_statement
 
 pytestmark = pytest.mark.unit
@@ -101,11 +101,6 @@ def test_single_statement_accepts(text) -> None:
 def test_single_statement_rejects(text) -> None:
     with pytest.raises(ConfigurationError):
         single_statement(text)
-
-
-def test_copy_text_unescape() -> None:
-    assert unescape_copy_text(r"a\tb\nc\\d\re\bf\fg\vh") == "a\tb\nc\\d\re\bf\fg\vh"
-    assert unescape_copy_text(r"\\n") == "\\n"
 
 
 def _plan(kind: str, n: int) -> TablePlan:

@@ -26,7 +26,7 @@ from pgcdc_dagster.exceptions import ConfigurationError, PgCdcError
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.postgres.chunks import ChunkSpec, ordering, read_chunk
 from pgcdc_dagster.postgres.signals import RejectedCondition, validate_condition
-from pgcdc_dagster.postgres.snapshot_read import validate_override
+from pgcdc_dagster.postgres.snapshot_override import validate_override
 from pgcdc_dagster.postgres.sql_filter import FUNCTIONS, OPERATORS, TYPES
 
 pytestmark = [pytest.mark.integration]

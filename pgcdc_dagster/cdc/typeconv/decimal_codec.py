@@ -42,6 +42,39 @@ def parse_unscaled(text: str, scale: int) -> int:
     return -value if negative else value
 
 
+INT64_DIGITS = 18
+"""Decimals of at most this precision have an unscaled value that fits an int64 (the low
+word of their decimal128): encoded from it, about five times faster."""
+
+
+def _int64_bytes(values: pa.Array, buf: pa.Buffer) -> pa.BinaryArray:
+    """:func:`decimal_array_to_bytes` of a decimal128 of precision <= 18.
+
+    The byte count is 1 plus the number of 8-bit steps the magnitude (``~v`` for negative
+    ``v``) reaches past a sign bit; the bytes are the tail of the big-endian int64.
+    """
+    n = len(values)
+    unscaled = np.frombuffer(buf, dtype=np.int64, count=(values.offset + n) * 2
+                             ).reshape(-1, 2)[values.offset:, 0]
+    null = np.zeros(n, dtype=bool) if values.null_count == 0 else \
+        np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    magnitude = np.where(unscaled < 0, ~unscaled, unscaled)
+    lengths = np.ones(n, dtype=np.int32)
+    for k in range(1, 8):
+        lengths += magnitude >= (1 << (8 * k - 1))
+    lengths[null] = 0
+    big_endian = unscaled.astype(">i8").view(np.uint8).reshape(n, 8)
+    data = big_endian[np.arange(8)[None, :] >= (8 - lengths)[:, None]]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    validity = pa.array(~null, type=pa.bool_()).buffers()[1] if values.null_count else None
+    out = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets),
+                                                 pa.py_buffer(data)],
+                                null_count=values.null_count)
+    assert isinstance(out, pa.BinaryArray)
+    return out
+
+
 def decimal_array_to_bytes(values: pa.Array) -> pa.BinaryArray:
     """Arrow decimal128/decimal256 -> Kafka Connect Decimal bytes, vectorised.
 
@@ -55,6 +88,8 @@ def decimal_array_to_bytes(values: pa.Array) -> pa.BinaryArray:
     n = len(values)
     buf = values.buffers()[1]
     assert buf is not None
+    if width == 16 and values.type.precision <= INT64_DIGITS:
+        return _int64_bytes(values, buf)
     words = np.frombuffer(buf, dtype=np.uint8, count=(values.offset + n) * width,
                           offset=0)[values.offset * width:].reshape(n, width)
     be = words[:, ::-1]
@@ -80,30 +115,6 @@ def decimal_array_to_bytes(values: pa.Array) -> pa.BinaryArray:
                                 [validity, pa.py_buffer(offsets.tobytes()),
                                  pa.py_buffer(data.tobytes())],
                                 null_count=values.null_count)
-    assert isinstance(out, pa.BinaryArray)
-    return out
-
-
-def int64_decimal_bytes(unscaled: np.ndarray, null: np.ndarray) -> pa.BinaryArray:
-    """Unscaled int64 values (NULL where ``null``) -> Kafka Connect Decimal bytes.
-
-    The byte count is 1 plus the number of 8-bit steps the magnitude (``~v`` for negative
-    ``v``) reaches past a sign bit; the bytes are the tail of the big-endian int64.
-    """
-    n = len(unscaled)
-    magnitude = np.where(unscaled < 0, ~unscaled, unscaled)
-    lengths = np.ones(n, dtype=np.int32)
-    for k in range(1, 8):
-        lengths += magnitude >= (1 << (8 * k - 1))
-    lengths[null] = 0
-    big_endian = unscaled.astype(">i8").view(np.uint8).reshape(n, 8)
-    data = big_endian[np.arange(8)[None, :] >= (8 - lengths)[:, None]]
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    nulls = int(null.sum())
-    validity = pa.array(~null, type=pa.bool_()).buffers()[1] if nulls else None
-    out = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets),
-                                                 pa.py_buffer(data)], null_count=nulls)
     assert isinstance(out, pa.BinaryArray)
     return out
 

@@ -1,13 +1,14 @@
-"""Binary COPY snapshot chunks equal text COPY chunks, file for file (SNAP-, TYPE- items).
+"""Snapshot chunks converted from native Arrow values equal chunks converted from text, file
+for file (SNAP-, TYPE- items).
 
-One table holds every natively decoded type (integers, floats, booleans, text types, json,
+One table holds every type read natively (integers, floats, booleans, text types, json,
 jsonb, TIMESTAMPTZ of several precisions, DATE) next to columns that travel as their text
 output (numeric, interval, uuid, inet, bpchar, arrays, a composite whose fields are all
 NULL, an enum), with ordinary and odd values: NULLs, extremes, NaN/±Infinity/-0 floats,
-escapes and multi-byte text, infinite/BC/5-digit-year timestamps and dates. The same chunk
-is read once with binary COPY and once with text COPY; the bronze and silver Parquet files
-must hold the same values. The rebuilt PostgreSQL text of the odd temporal values must equal
-PostgreSQL's own output.
+escapes and multi-byte text, infinite/BC/5-digit-year timestamps and dates (the guard
+columns' path). The same chunk is read once with native columns and once with every column
+as its text output, through the same Arrow reader; the bronze and silver Parquet files must
+hold the same values.
 """
 
 from __future__ import annotations
@@ -23,21 +24,14 @@ from psycopg2 import sql
 
 from pgcdc_dagster.capture.settings import CaptureSettings
 from pgcdc_dagster.capture.snapshot import load_contexts
-from pgcdc_dagster.capture.snapshot_binary import (
-    binary_select,
-    native_kind,
-    pg_date_text,
-    pg_numeric_text,
-    pg_timestamptz_text,
-)
-from pgcdc_dagster.cdc import copy_columns as cc
+from pgcdc_dagster.capture.snapshot_arrow import arrow_select, native_kind
 from pgcdc_dagster.cdc.envelope import SourceIdentity
 from pgcdc_dagster.cdc.typeconv import TypeModes
 from pgcdc_dagster.lake.delta import ensure_table
-from pgcdc_dagster.native import copyscan
-from pgcdc_dagster.postgres.binary_read import read_binary_rows
+from pgcdc_dagster.postgres.arrow_reader import read_batches
+from pgcdc_dagster.postgres.chunk_plan import key_columns
 from pgcdc_dagster.postgres.connection import connection
-from pgcdc_dagster.postgres.snapshot_read import Chunk, chunk_query, key_columns
+from pgcdc_dagster.postgres.snapshot_read import Chunk, chunk_query
 from pgcdc_dagster.spark.snapshot_tasks import ChunkTask, run_chunk
 
 pytestmark = [pytest.mark.integration]
@@ -91,7 +85,7 @@ def _task(dsn: str, ctx, key, lakehouse: Path, *, binary: bool, prefix: str) -> 
                      file_prefix=prefix, binary=binary)
 
 
-def test_binary_chunk_equals_text_chunk(pg_dsn, pg_conn, lakehouse, monkeypatch) -> None:
+def test_native_chunk_equals_text_chunk(pg_dsn, pg_conn, lakehouse) -> None:
     with pg_conn.cursor() as cur:
         cur.execute(TABLE)
         cur.execute(ROWS)
@@ -101,58 +95,19 @@ def test_binary_chunk_equals_text_chunk(pg_dsn, pg_conn, lakehouse, monkeypatch)
     ctx = load_contexts(settings)[0]
     kinds = {conv.bronze_field.name: native_kind(conv) for conv in ctx.converters}
     # what travels natively and what as text output (the test covers both)
-    assert kinds["i8"] == "int8" and kinds["tz"] == "timestamptz" and kinds["d"] == "date"
-    assert kinds["jb"] == "jsonb" and kinds["c"] == "text" and kinds["b"] == "bool"
+    assert kinds["i8"] == "int" and kinds["tz"] == "timestamptz" and kinds["d"] == "date"
+    assert kinds["jb"] == "text" and kinds["c"] == "text" and kinds["b"] == "bool"
+    assert kinds["f4"] == "float" and kinds["dn"] == "date"
     assert kinds["n"] is None and kinds["p"] is None and kinds["arr"] is None
-    assert copyscan.library() is not None  # the binary read runs the compiled loops
     results = _both_ways(pg_dsn, ctx, lakehouse, rows=5004)
-    # the numpy framing and field walk (PGCDC_NATIVE=off) write the same values
-    monkeypatch.setenv(copyscan.ENV, "off")
-    with connection(pg_dsn) as conn:
-        key = tuple(key_columns(conn, "public", "t"))
-    numpy_read = run_chunk(_task(pg_dsn, ctx, key, lakehouse, binary=True, prefix="off"))
-    assert numpy_read.error is None and numpy_read.rows == 5004
-    for root, attr in ((ctx.bronze_uri, "bronze"), (ctx.silver_uri, "silver")):
-        # byte for byte: the same values, encoded the same way
-        assert [_bytes(root, f) for f in _written(getattr(numpy_read, attr))] == \
-            [_bytes(root, f) for f in _written(getattr(results[True], attr))], attr
     snapshot = pq.read_table(f"{ctx.bronze_uri}/{results[True].bronze.path}",
                              columns=["source"]).column("source").combine_chunks()
     markers = snapshot.field("snapshot").to_pylist()
     assert markers[0] == "first" and markers[-1] == "last" and set(markers[1:-1]) == {"true"}
 
 
-NUMERIC = """
-CREATE TABLE t (id int PRIMARY KEY, a numeric(12,2), b numeric(18,0), c numeric(18,18),
-                d numeric(5,5), e numeric(9,3) NOT NULL, f numeric(4,0), w numeric(30,4));
-INSERT INTO t SELECT g, (g - 2500) * 1.25, (g - 2500)::numeric * 123456789012345,
-  g / 10000.0, (g % 99999) / 100000.0, (g - 2500) / 7.0, g % 10000, g * 1e20 / 7
-FROM generate_series(1, 5000) g;
-INSERT INTO t VALUES (5001, -9999999999.99, 999999999999999999, 0.999999999999999999,
-  -0.99999, 999999.999, 9999, -99999999999999999999999999.9999);
-INSERT INTO t VALUES (5002, 0, -999999999999999999, -0.000000000000000001, 0.00001,
-  -999999.999, -9999, 0);
-INSERT INTO t VALUES (5003, NULL, NULL, NULL, NULL, 0.001, NULL, NULL);
-"""
-
-
-def test_binary_numeric_equals_text(pg_dsn, pg_conn, lakehouse) -> None:
-    with pg_conn.cursor() as cur:
-        cur.execute(NUMERIC)
-    ctx = load_contexts(CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse)))[0]
-    kinds = {conv.bronze_field.name: native_kind(conv) for conv in ctx.converters}
-    assert [kinds[c] for c in "abcdef"] == ["numeric"] * 6 and kinds["w"] is None
-    _both_ways(pg_dsn, ctx, lakehouse, rows=5003)
-    with pg_conn.cursor() as cur:  # NaN: the converter's own error, on both paths
-        cur.execute("INSERT INTO t VALUES (6000, 'NaN', 1, 0, 0, 0, 0, 0)")
-    errors = [run_chunk(_task(pg_dsn, ctx, (), lakehouse, binary=binary, prefix="nan"))
-              .error for binary in (True, False)]
-    assert errors[0] is not None and errors[0] == errors[1]
-    assert "'NaN'" in errors[0].message and "decimal.handling.mode" in errors[0].message
-
-
 def _both_ways(pg_dsn: str, ctx, lakehouse: Path, *, rows: int) -> dict:
-    """Read the chunk with binary and with text COPY; assert the files hold equal values."""
+    """Read the chunk with native columns and as text; assert the files hold equal values."""
     ensure_table(ctx.bronze_uri, ctx.bronze_schema)
     ensure_table(ctx.silver_uri, ctx.silver_schema)
     with connection(pg_dsn) as conn:
@@ -214,54 +169,6 @@ def _first_difference(got, want) -> str | None:
     return None
 
 
-def test_rebuilt_text_of_odd_temporal_values_is_postgresql_output(pg_dsn, pg_conn) -> None:
-    values = ["infinity", "-infinity", "0044-03-15 12:00:00.5+00 BC", "0001-01-01 BC",
-              "4713-11-24 00:00:00+00 BC", "12345-06-07 01:02:03.000004+00",
-              "294276-12-31 23:59:59.999999+00", "0001-01-01 00:00:00+00",
-              "2024-02-29 23:59:59.1+00", "1969-12-31 23:59:59.999999+00"]
-    dates = ["infinity", "-infinity", "0044-03-15 BC", "4713-11-24 BC", "5874897-12-31",
-             "0001-01-01", "2024-02-29", "1969-12-31", "12345-06-07"]
-    with pg_conn.cursor() as cur:
-        cur.execute("CREATE TABLE odd (k int, tz timestamptz, d date)")
-        for i, v in enumerate(values):
-            cur.execute("INSERT INTO odd VALUES (%s, %s, NULL)", (i, v))
-        for i, v in enumerate(dates):
-            cur.execute("INSERT INTO odd VALUES (%s, NULL, %s)", (100 + i, v))
-    query = sql.SQL("SELECT k, tz, d, tz::text, d::text FROM odd ORDER BY k")
-    # ::text under the reader's pinned session (UTC, ISO) is the output function's text
-    batches = list(read_binary_rows(pg_dsn, None, query))
-    rows = cc.split_fields([r for batch in batches for r in batch.rows()], 5)
-    tz = cc.fixed_values(rows, 1, ">i8")
-    d = cc.fixed_values(rows, 2, ">i4")
-    tz_text = cc.string_values(rows, 3).to_pylist()
-    d_text = cc.string_values(rows, 4).to_pylist()
-    checked = 0
-    for i in range(rows.num_rows):
-        if tz_text[i] is not None:
-            assert pg_timestamptz_text(int(tz[i])) == tz_text[i]
-            checked += 1
-        if d_text[i] is not None:
-            assert pg_date_text(int(d[i])) == d_text[i]
-            checked += 1
-    assert checked == len(values) + len(dates)
-
-
-def test_rebuilt_text_of_numeric_is_postgresql_output(pg_dsn, pg_conn) -> None:
-    values = ["NaN", "Infinity", "-Infinity", "0", "0.00", "-0.001", "1e-30", "1.50",
-              "123456789012345678901234567890.123", "-99999999.99990000", "10000", "1e20",
-              "0.0001", "-1"]
-    with pg_conn.cursor() as cur:
-        cur.execute("CREATE TABLE nums (k int, v numeric)")
-        for i, v in enumerate(values):
-            cur.execute("INSERT INTO nums VALUES (%s, %s)", (i, v))
-    query = sql.SQL("SELECT v, v::text FROM nums ORDER BY k")
-    rows = cc.split_fields(next(iter(read_binary_rows(pg_dsn, None, query))), 2)
-    want = cc.string_values(rows, 1).to_pylist()
-    got = [pg_numeric_text(rows.data[s:s + n].tobytes())
-           for s, n in zip(rows.starts[0], rows.lengths[0], strict=True)]
-    assert got == want and len(got) == len(values)
-
-
 def test_non_native_columns_are_selected_as_their_output(pg_dsn, pg_conn, lakehouse) -> None:
     with pg_conn.cursor() as cur:
         cur.execute("CREATE TABLE t (id int PRIMARY KEY, flag boolean, net inet, "
@@ -270,14 +177,14 @@ def test_non_native_columns_are_selected_as_their_output(pg_dsn, pg_conn, lakeho
                     "(2, NULL, NULL, NULL, NULL)")
     ctx = load_contexts(CaptureSettings(dsn=pg_dsn, lakehouse=str(lakehouse)))[0]
     cols = [c.name for c in ctx.relation.columns]
-    query = binary_select(chunk_query(Chunk("public", "t", 0), cols), cols, ctx.converters)
-    rows = cc.split_fields(next(iter(read_binary_rows(pg_dsn, None, query))), len(cols))
+    kinds = [native_kind(c) for c in ctx.converters]
+    query = arrow_select(chunk_query(Chunk("public", "t", 0), cols), cols, kinds)
+    batch = next(iter(read_batches(pg_dsn, None, query)))
     # inet through concat(): the output function ('10.1.2.3'), not inet::text ('/32')
-    assert cc.string_values(rows, 2).to_pylist() == ["10.1.2.3", None]
-    assert cc.string_values(rows, 3).to_pylist() == ["ab  ", None]  # bpchar keeps padding
-    assert cc.string_values(rows, 4).to_pylist() == ["(1,2)", None]
-    assert cc.fixed_values(rows, 1, ">u1").tolist() == [1, 0] and \
-        cc.nulls(rows, 1).tolist() == [False, True]
+    assert batch.column(2).to_pylist() == ["10.1.2.3", None]
+    assert batch.column(3).to_pylist() == ["ab  ", None]  # bpchar keeps padding
+    assert batch.column(4).to_pylist() == ["(1,2)", None]
+    assert batch.column(1).to_pylist() == [True, None]
 
 
 def test_reader_stops_cleanly_when_the_consumer_stops(pg_dsn, pg_conn) -> None:
@@ -285,10 +192,10 @@ def test_reader_stops_cleanly_when_the_consumer_stops(pg_dsn, pg_conn) -> None:
         cur.execute("CREATE TABLE big AS SELECT g AS id, repeat('x', 100) AS s "
                     "FROM generate_series(1, 200000) g")
     started = time.monotonic()
-    reader = read_binary_rows(pg_dsn, None, sql.SQL("SELECT * FROM big"), batch_bytes=1 << 16)
+    reader = read_batches(pg_dsn, None, sql.SQL("SELECT * FROM big"), batch_bytes=1 << 16)
     first = next(reader)
-    assert first
-    reader.close()  # the COPY is cancelled, the producer thread ends, the connection closes
+    assert first.num_rows
+    reader.close()  # the read stops and the connection closes
     assert time.monotonic() - started < 30
     with pg_conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
