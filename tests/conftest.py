@@ -22,6 +22,7 @@ import psycopg2
 import pytest
 
 from pgcdc_dagster.postgres.local_cluster import LocalCluster
+from tests.support.ha import requested_pg_major
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -47,12 +48,6 @@ def pg_server() -> Iterator[str]:
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def requested_pg_major() -> int | None:
-    """The major version ``PGCDC_TEST_PG_VERSION`` asks for (None: the system's newest)."""
-    value = os.environ.get("PGCDC_TEST_PG_VERSION", "").strip()
-    return int(value) if value else None
 
 
 def _with_dbname(dsn: str, dbname: str) -> str:

@@ -129,7 +129,12 @@ class LocalCluster:
         cmd = list(args)
         if os.geteuid() == 0:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        return subprocess.run(cmd, check=True, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ConfigurationError(
+                f"{Path(args[0]).name} failed (exit {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-2000:]}")
+        return done
 
     def _prepare_root(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -214,13 +219,15 @@ class LocalCluster:
         self._run(str(find_pg_bin(self.major) / "pg_ctl"), "-D", str(self.data_dir), "-w",
                   "-t", "60", "promote")
 
-    def stop(self) -> None:
-        """Stop the postmaster by its own PID (fast shutdown) and wait for it."""
+    def stop(self, *, immediate: bool = False) -> None:
+        """Stop the postmaster by its own PID and wait for it: a fast shutdown, or with
+        ``immediate`` an immediate one (a crash: no final checkpoint, WAL not yet sent to
+        standbys stays unsent)."""
         pid = self._pid()
         if pid is None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGINT)
+            os.kill(pid, signal.SIGQUIT if immediate else signal.SIGINT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

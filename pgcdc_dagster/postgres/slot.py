@@ -136,11 +136,26 @@ def advance_slot(conn: psycopg2.extensions.connection, slot: str, lsn: Lsn) -> L
         raise SlotInUseError(f"cannot advance slot {slot!r}: {exc.pgerror}") from None
 
 
+FAILOVER_SLOTS_SERVER = 170000
+"""PostgreSQL 17 added failover slots: a logical slot created with ``failover = true`` is
+synchronized to the standbys that run ``sync_replication_slots = on``, so it survives a
+promotion."""
+
+
+def supports_failover_slots(server_version_num: int) -> bool:
+    """Whether the server can create failover slots (PostgreSQL 17+)."""
+    return server_version_num >= FAILOVER_SLOTS_SERVER
+
+
 @contextmanager
-def create_slot_with_snapshot(dsn: str, slot: str,
-                              plugin: str = "pgoutput") -> Iterator[ExportedSlot]:
+def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *,
+                              failover: bool = False) -> Iterator[ExportedSlot]:
     """Create a logical slot of ``plugin`` (``plugin.name``) with an exported snapshot; keep
     it valid until exit.
+
+    With ``failover`` (``slot.failover``) the slot is a failover slot on PostgreSQL 17+
+    (``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export', FAILOVER)``); older servers have none,
+    and get an ordinary slot.
 
     The replication connection is held open (and idle) for the whole block: the exported
     snapshot can be imported with ``SET TRANSACTION SNAPSHOT`` only while it lives.
@@ -149,6 +164,9 @@ def create_slot_with_snapshot(dsn: str, slot: str,
     try:
         with conn.cursor() as cur:
             command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} EXPORT_SNAPSHOT")
+            if failover and supports_failover_slots(conn.server_version):
+                command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} "
+                                  "(SNAPSHOT 'export', FAILOVER)")
             try:
                 cur.execute(command.format(sql.Identifier(slot),
                                            sql.Identifier(plugin)).as_string(conn))

@@ -775,12 +775,16 @@ def _wait_slot_dropped(dsn: str, slot: str, timeout_s: float = 10.0) -> None:
 
 
 def create_plain_slot(conn: psycopg2.extensions.connection, slot: str,
-                      plugin: str = "pgoutput") -> int:
+                      plugin: str = "pgoutput", *, failover: bool = False) -> int:
     """Create a logical slot of ``plugin`` without a snapshot (``no_data``); return its
-    consistent point."""
+    consistent point. ``failover``: a failover slot on PostgreSQL 17+ (``slot.failover``)."""
     with conn.cursor() as cur:
-        cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)",
-                    (slot, plugin))
+        if failover and conn.server_version >= 170000:
+            cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, "
+                        "false, false, true)", (slot, plugin))
+        else:
+            cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)",
+                        (slot, plugin))
         return int(Lsn.parse(cur.fetchone()[0]))
 
 
