@@ -38,11 +38,14 @@ class SlotInfo:
     """WAL the slot keeps on the server: current WAL position minus ``restart_lsn``."""
     lag_bytes: int
     """Unconsumed WAL: current WAL position minus ``confirmed_flush_lsn``."""
+    invalidation_reason: str | None = None
+    """Why PostgreSQL invalidated the slot (17+; e.g. ``idle_timeout`` on 18)."""
 
     @property
     def usable(self) -> bool:
         """The slot still has its WAL (not lost or invalidated) and a confirmed point."""
-        return self.wal_status != "lost" and self.confirmed_flush_lsn is not None
+        return (self.wal_status != "lost" and self.confirmed_flush_lsn is not None
+                and self.invalidation_reason is None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +67,15 @@ def slot_info(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo | Non
                       confirmed_flush_lsn::text, wal_status,
                       COALESCE(pg_current_wal_lsn() - restart_lsn, 0)::bigint,
                       COALESCE(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint,
-                      current_database()
-               FROM pg_replication_slots WHERE slot_name = %s""",
+                      current_database(), to_jsonb(s) ->> 'invalidation_reason'
+               FROM pg_replication_slots s WHERE slot_name = %s""",
             (slot,),
         )
         row = cur.fetchone()
     if row is None:
         return None
-    name, plugin, database, active, pid, restart, confirmed, wal_status, retained, lag, db = row
+    (name, plugin, database, active, pid, restart, confirmed, wal_status, retained, lag, db,
+     reason) = row
     if database is not None and database != db:
         raise ConfigurationError(
             f"replication slot {slot!r} belongs to database {database!r}, not to the source "
@@ -82,7 +86,7 @@ def slot_info(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo | Non
         name, plugin or "", database or "", bool(active), pid,
         Lsn.parse(restart) if restart else None,
         Lsn.parse(confirmed) if confirmed else None,
-        wal_status, int(retained), int(lag),
+        wal_status, int(retained), int(lag), reason,
     )
 
 
@@ -96,11 +100,16 @@ def require_usable_slot(conn: psycopg2.extensions.connection, slot: str,
             f"replication slot {slot!r} does not exist. Run the initial_snapshot job to create "
             "it (or set snapshot.mode = when_needed to re-snapshot automatically)."
         )
-    if info.wal_status == "lost" or info.confirmed_flush_lsn is None:
+    if not info.usable:
+        cause = ("it was inactive longer than idle_replication_slot_timeout"
+                 if info.invalidation_reason == "idle_timeout" else "the WAL it needed was removed"
+                 if info.invalidation_reason in (None, "wal_removed") else
+                 f"invalidation_reason={info.invalidation_reason}")
         raise SlotLostError(
-            f"replication slot {slot!r} is invalidated (wal_status={info.wal_status}): the WAL "
-            "it needed was removed, so changes were lost. Drop the slot and run the "
-            "initial_snapshot job again (a re-snapshot replaces silver)."
+            f"replication slot {slot!r} is invalidated (wal_status={info.wal_status}): {cause}, "
+            "so changes were lost. Drop the slot and run the initial_snapshot job again, or "
+            "set snapshot.mode = when_needed to do both at the next run (a re-snapshot "
+            "replaces silver)."
         )
     if info.plugin != plugin:
         raise ConfigurationError(
