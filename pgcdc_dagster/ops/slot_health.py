@@ -13,13 +13,14 @@ import psycopg2.extensions
 
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.postgres.connection import connection
+from pgcdc_dagster.postgres.slot import WAL_END_SQL
 
 _SLOT_SQL = """
 SELECT s.slot_name, s.plugin, s.active, s.active_pid, s.restart_lsn::text,
        s.confirmed_flush_lsn::text, s.wal_status, s.safe_wal_size,
-       pg_current_wal_lsn()::text,
-       COALESCE(pg_current_wal_lsn() - s.restart_lsn, 0)::bigint,
-       COALESCE(pg_current_wal_lsn() - s.confirmed_flush_lsn, 0)::bigint,
+       (""" + WAL_END_SQL + """)::text,
+       COALESCE(""" + WAL_END_SQL + """ - s.restart_lsn, 0)::bigint,
+       COALESCE(""" + WAL_END_SQL + """ - s.confirmed_flush_lsn, 0)::bigint,
        st.spill_txns, st.spill_count, st.spill_bytes, st.stream_txns, st.stream_bytes,
        st.total_txns, st.total_bytes,
        to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'failover')::boolean,
@@ -163,7 +164,7 @@ def read_slot_health(conn: psycopg2.extensions.connection, slot: str) -> SlotHea
         cur.execute(_SLOT_SQL, (slot,))
         row = cur.fetchone()
         if row is None:
-            cur.execute("SELECT pg_current_wal_lsn()::text")
+            cur.execute(f"SELECT ({WAL_END_SQL})::text")
             return SlotHealth(slot, False, current_lsn=Lsn.parse(cur.fetchone()[0]))
     (name, plugin, active, pid, restart, confirmed, wal_status, safe, current, retained, lag,
      spill_txns, spill_count, spill_bytes, stream_txns, stream_bytes, total_txns,

@@ -21,6 +21,14 @@ from pgcdc_dagster.names import display_name, quote_ident
 from pgcdc_dagster.postgres.connection import connect
 from pgcdc_dagster.postgres.discovery import replica_identity_fix, tables_without_replica_identity
 
+WAL_END_SQL = ("CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+               "ELSE pg_current_wal_lsn() END")
+"""The end of the WAL the server has: written on a primary, replayed on a standby (16+
+decodes from a standby up to its replay position; ``pg_current_wal_lsn`` fails there)."""
+FLUSH_END_SQL = ("CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                 "ELSE pg_current_wal_flush_lsn() END")
+"""The WAL logical decoding can read up to: flushed on a primary, replayed on a standby."""
+
 
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
@@ -65,8 +73,8 @@ def slot_info(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo | Non
         cur.execute(
             """SELECT slot_name, plugin, database, active, active_pid, restart_lsn::text,
                       confirmed_flush_lsn::text, wal_status,
-                      COALESCE(pg_current_wal_lsn() - restart_lsn, 0)::bigint,
-                      COALESCE(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint,
+                      COALESCE(""" + WAL_END_SQL + """ - restart_lsn, 0)::bigint,
+                      COALESCE(""" + WAL_END_SQL + """ - confirmed_flush_lsn, 0)::bigint,
                       current_database(), to_jsonb(s) ->> 'invalidation_reason'
                FROM pg_replication_slots s WHERE slot_name = %s""",
             (slot,),
@@ -126,9 +134,10 @@ def require_usable_slot(conn: psycopg2.extensions.connection, slot: str,
 
 
 def current_flush_lsn(conn: psycopg2.extensions.connection) -> Lsn:
-    """The WAL position flushed to disk: logical decoding never reads past it."""
+    """The WAL position flushed to disk (replayed, on a standby): logical decoding never
+    reads past it."""
     with conn.cursor() as cur:
-        cur.execute("SELECT pg_current_wal_flush_lsn()::text")
+        cur.execute(f"SELECT ({FLUSH_END_SQL})::text")
         return Lsn.parse(cur.fetchone()[0])
 
 
