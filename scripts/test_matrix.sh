@@ -5,11 +5,12 @@
 #
 # Default versions: 14 15 16 17 18. The full matrix runs, per version: pgoutput reads (every
 # protocol version the server offers, streaming), the failover tests (17+: failover slot across
-# a promotion; 14-16: refusal, then when_needed), slot invalidation and the slot health check,
+# a promotion; 14-16: refusal, then when_needed), decoding from a standby (16+), slot
+# invalidation and the slot health check, generated columns (18),
 # stream convergence (pgoutput), crash recovery, the snapshot, snapshot-mode and incremental
 # snapshot tests and the Debezium-parity tests. --quick (what scripts/test.sh runs for the
-# versions other than the default) keeps the pgoutput, failover, invalidation and
-# generated-column tests.
+# versions other than the default) keeps the pgoutput, failover, invalidation,
+# generated-column and standby-decoding tests.
 # wal2json and decoderbufs are Debian packages of the system's version only: their cases run
 # with the default suite, not here.
 set -uo pipefail
@@ -28,7 +29,8 @@ done
 [ "${#majors[@]}" -eq 0 ] && majors=(14 15 16 17 18)
 
 tests=(tests/integration/test_peek.py tests/integration/test_failover.py
-       tests/integration/test_slot_invalidation.py tests/integration/test_version_differences.py)
+       tests/integration/test_slot_invalidation.py tests/integration/test_version_differences.py
+       tests/integration/test_standby_decoding.py)
 if [ "$quick" -eq 0 ]; then
   tests+=(tests/dagster/test_slot_health_check.py tests/integration/test_stream_convergence.py
           tests/integration/test_crash_recovery.py tests/integration/test_snapshot.py
