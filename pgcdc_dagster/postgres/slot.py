@@ -18,7 +18,7 @@ from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, SlotInUseError, SlotLostError
 from pgcdc_dagster.names import display_name, quote_ident
-from pgcdc_dagster.postgres.connection import connect
+from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.discovery import replica_identity_fix, tables_without_replica_identity
 
 WAL_END_SQL = ("CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
@@ -165,6 +165,17 @@ def supports_failover_slots(server_version_num: int) -> bool:
     return server_version_num >= FAILOVER_SLOTS_SERVER
 
 
+def failover_possible(dsn: str) -> bool:
+    """Whether a slot created through ``dsn`` can be a failover slot: PostgreSQL 17+ and not
+    a standby (a slot created on a standby cannot fail over)."""
+    with connection(dsn) as conn:
+        if not supports_failover_slots(conn.server_version):
+            return False
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery()")
+            return not cur.fetchone()[0]
+
+
 @contextmanager
 def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *,
                               failover: bool = False) -> Iterator[ExportedSlot]:
@@ -172,17 +183,19 @@ def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *,
     it valid until exit.
 
     With ``failover`` (``slot.failover``) the slot is a failover slot on PostgreSQL 17+
-    (``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export', FAILOVER)``); older servers have none,
-    and get an ordinary slot.
+    (``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export', FAILOVER)``); older servers and
+    standbys (16+ decode on a standby) get an ordinary slot.
 
     The replication connection is held open (and idle) for the whole block: the exported
     snapshot can be imported with ``SET TRANSACTION SNAPSHOT`` only while it lives.
     """
+    if failover:
+        failover = failover_possible(dsn)
     conn = connect(dsn, replication=True, application_name="pgcdc_dagster snapshot")
     try:
         with conn.cursor() as cur:
             command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} EXPORT_SNAPSHOT")
-            if failover and supports_failover_slots(conn.server_version):
+            if failover:
                 command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} "
                                   "(SNAPSHOT 'export', FAILOVER)")
             try:
