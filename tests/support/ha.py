@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -20,12 +21,18 @@ def requested_pg_major() -> int | None:
     return int(value) if value else None
 
 
+@functools.cache
 def session_pg_major() -> int:
-    """The major version the test clusters run (``PGCDC_TEST_PG_VERSION`` or the system's)."""
+    """The major version the test clusters run (``PGCDC_TEST_PG_VERSION`` or the system's:
+    the name of its directory, ``/usr/lib/postgresql/<major>/bin``, else ``postgres
+    --version``)."""
     major = requested_pg_major()
     if major is not None:
         return major
-    out = subprocess.run([str(find_pg_bin() / "postgres"), "--version"], check=True,
+    pg_bin = find_pg_bin()
+    if pg_bin.parent.name.isdigit():
+        return int(pg_bin.parent.name)
+    out = subprocess.run([str(pg_bin / "postgres"), "--version"], check=True,
                          capture_output=True, text=True).stdout
     found = re.search(r"(\d+)(?:\.\d+)?", out)
     assert found, out
