@@ -779,9 +779,10 @@ def create_plain_slot(conn: psycopg2.extensions.connection, slot: str,
     """Create a logical slot of ``plugin`` without a snapshot (``no_data``); return its
     consistent point. ``failover``: a failover slot on PostgreSQL 17+ (``slot.failover``)."""
     with conn.cursor() as cur:
-        if failover and conn.server_version >= 170000:
-            cur.execute("SELECT pg_is_in_recovery()")  # a standby's slot cannot fail over
-            failover = not cur.fetchone()[0]
+        if failover:  # 17+, and not on a standby (a standby's slot cannot fail over)
+            cur.execute("SELECT current_setting('server_version_num')::int >= 170000 "
+                        "AND NOT pg_is_in_recovery()")
+            failover = bool(cur.fetchone()[0])
         if failover:
             cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, "
                         "false, false, true)", (slot, plugin))
