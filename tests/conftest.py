@@ -4,6 +4,8 @@
 role allowed to create databases, slots and publications) instead of starting one.
 ``PGCDC_TEST_SSLMODE=require`` starts the server with TLS (a self-signed certificate) and
 connects every test with ``sslmode=require``: the same tests, over encrypted connections.
+``PGCDC_TEST_PG_VERSION`` (14-18) picks the major version of the server the fixtures start
+(default: the system's newest; ``scripts/install_pg.sh`` installs the others).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import psycopg2
 import pytest
 
 from pgcdc_dagster.postgres.local_cluster import LocalCluster, tls_overrides
+from tests.support.ha import requested_pg_major
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -43,7 +46,7 @@ def pg_server() -> Iterator[str]:
     root = Path(tempfile.mkdtemp(prefix="pgcdc-test-pg-"))
     sslmode = os.environ.get("PGCDC_TEST_SSLMODE", "")
     tls = tls_overrides(root / "certs") if sslmode == "require" else {}
-    cluster = LocalCluster(root / "pg", overrides=tls).start()
+    cluster = LocalCluster(root / "pg", major=requested_pg_major(), overrides=tls).start()
     try:
         yield f"{cluster.dsn} sslmode={sslmode}" if sslmode else cluster.dsn
     finally:

@@ -40,6 +40,10 @@ class CaptureSettings:
     """``slot.name``."""
     publication: str = "pgcdc"
     """``publication.name``."""
+    slot_failover: bool = True
+    """``slot.failover``: create the slot as a failover slot where the server has them
+    (PostgreSQL 17+), so that standbys with ``sync_replication_slots`` keep a copy that
+    survives a promotion. Debezium's default is false; here it is on where available."""
     plugin_name: str = "pgoutput"
     """``plugin.name``: pgoutput | decoderbufs | wal2json (``cdc/plugins``)."""
     publication_autocreate: str = "filtered"

@@ -369,7 +369,8 @@ class _SnapshotRun:
         if decision.slot_action == "create_plain":
             with connection(self.settings.dsn) as conn:
                 created_at = create_plain_slot(conn, self.settings.slot,
-                                               self.settings.plugin_name)
+                                               self.settings.plugin_name,
+                                               failover=self.settings.slot_failover)
             return self._empty_only(decision, created_at, report)
         if decision.slot_action == "none":
             assert slot is not None and slot.confirmed_flush_lsn is not None
@@ -399,7 +400,8 @@ class _SnapshotRun:
             self.progress(f"dropped the invalidated slot {slot!r}")
         if decision.slot_action in ("create", "recreate"):
             with create_slot_with_snapshot(self.settings.dsn, slot, self.settings.plugin_name,
-                                           report=self.progress) as exported:
+                                           report=self.progress,
+                                           failover=self.settings.slot_failover) as exported:
                 self._mark("slot created")
                 self.progress(f"slot {slot!r} created at {exported.consistent_point}")
                 point = int(exported.consistent_point)

@@ -15,6 +15,8 @@ from pgcdc_dagster.exceptions import ConfigurationError, MissingPrimaryKeyError,
 from pgcdc_dagster.names import display_name
 
 MIN_SERVER_VERSION = 140000
+STANDBY_DECODING_SERVER_VERSION = 160000
+"""Logical decoding on a hot standby (slots, snapshots, peeks) came with PostgreSQL 16."""
 
 _TABLES_SQL = """
 SELECT c.oid, n.nspname, c.relname, c.relreplident, c.relpersistence,
@@ -48,8 +50,12 @@ def check_server(conn: psycopg2.extensions.connection) -> int:
     """Check the source can do logical decoding; return ``server_version_num``."""
     with conn.cursor() as cur:
         cur.execute("SELECT current_setting('server_version_num')::int, "
-                    "current_setting('wal_level')")
-        version, wal_level = cur.fetchone()
+                    "current_setting('wal_level'), pg_is_in_recovery()")
+        version, wal_level, standby = cur.fetchone()
+    if standby and version < STANDBY_DECODING_SERVER_VERSION:
+        raise ConfigurationError(
+            f"the source is a standby running PostgreSQL {version // 10000}: logical decoding "
+            "on a standby needs PostgreSQL 16 or newer. Point PGCDC_PG_DSN at the primary.")
     if version < MIN_SERVER_VERSION:
         raise ConfigurationError(
             f"the source runs PostgreSQL {version // 10000}; pgcdc_dagster needs 14 or newer "

@@ -68,12 +68,20 @@ def _wait_slot_dropped(dsn: str, slot: str, timeout_s: float = 10.0) -> None:
 
 
 def create_plain_slot(conn: psycopg2.extensions.connection, slot: str,
-                      plugin: str = "pgoutput") -> int:
+                      plugin: str = "pgoutput", *, failover: bool = False) -> int:
     """Create a logical slot of ``plugin`` without a snapshot (``no_data``); return its
-    consistent point."""
+    consistent point. ``failover``: a failover slot on PostgreSQL 17+ (``slot.failover``)."""
     with conn.cursor() as cur:
-        cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)",
-                    (slot, plugin))
+        if failover:  # 17+, and not on a standby (a standby's slot cannot fail over)
+            cur.execute("SELECT current_setting('server_version_num')::int >= 170000 "
+                        "AND NOT pg_is_in_recovery()")
+            failover = bool(cur.fetchone()[0])
+        if failover:
+            cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, "
+                        "false, false, true)", (slot, plugin))
+        else:
+            cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)",
+                        (slot, plugin))
         return int(Lsn.parse(cur.fetchone()[0]))
 
 

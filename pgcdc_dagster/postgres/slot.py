@@ -18,9 +18,17 @@ from pgcdc_dagster.cdc.changes import Relation
 from pgcdc_dagster.cdc.lsn import Lsn
 from pgcdc_dagster.exceptions import ConfigurationError, SlotInUseError, SlotLostError
 from pgcdc_dagster.names import display_name, quote_ident
-from pgcdc_dagster.postgres.connection import connect
+from pgcdc_dagster.postgres.connection import connect, connection
 from pgcdc_dagster.postgres.discovery import replica_identity_fix, tables_without_replica_identity
 from pgcdc_dagster.postgres.slot_wait import reporting_waits
+
+WAL_END_SQL = ("CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+               "ELSE pg_current_wal_lsn() END")
+"""The end of the WAL the server has: written on a primary, replayed on a standby (16+
+decodes from a standby up to its replay position; ``pg_current_wal_lsn`` fails there)."""
+FLUSH_END_SQL = ("CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                 "ELSE pg_current_wal_flush_lsn() END")
+"""The WAL logical decoding can read up to: flushed on a primary, replayed on a standby."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +47,14 @@ class SlotInfo:
     """WAL the slot keeps on the server: current WAL position minus ``restart_lsn``."""
     lag_bytes: int
     """Unconsumed WAL: current WAL position minus ``confirmed_flush_lsn``."""
+    invalidation_reason: str | None = None
+    """Why PostgreSQL invalidated the slot (17+; e.g. ``idle_timeout`` on 18)."""
 
     @property
     def usable(self) -> bool:
         """The slot still has its WAL (not lost or invalidated) and a confirmed point."""
-        return self.wal_status != "lost" and self.confirmed_flush_lsn is not None
+        return (self.wal_status != "lost" and self.confirmed_flush_lsn is not None
+                and self.invalidation_reason is None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +74,17 @@ def slot_info(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo | Non
         cur.execute(
             """SELECT slot_name, plugin, database, active, active_pid, restart_lsn::text,
                       confirmed_flush_lsn::text, wal_status,
-                      COALESCE(pg_current_wal_lsn() - restart_lsn, 0)::bigint,
-                      COALESCE(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint,
-                      current_database()
-               FROM pg_replication_slots WHERE slot_name = %s""",
+                      COALESCE(""" + WAL_END_SQL + """ - restart_lsn, 0)::bigint,
+                      COALESCE(""" + WAL_END_SQL + """ - confirmed_flush_lsn, 0)::bigint,
+                      current_database(), to_jsonb(s) ->> 'invalidation_reason'
+               FROM pg_replication_slots s WHERE slot_name = %s""",
             (slot,),
         )
         row = cur.fetchone()
     if row is None:
         return None
-    name, plugin, database, active, pid, restart, confirmed, wal_status, retained, lag, db = row
+    (name, plugin, database, active, pid, restart, confirmed, wal_status, retained, lag, db,
+     reason) = row
     if database is not None and database != db:
         raise ConfigurationError(
             f"replication slot {slot!r} belongs to database {database!r}, not to the source "
@@ -83,7 +95,7 @@ def slot_info(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo | Non
         name, plugin or "", database or "", bool(active), pid,
         Lsn.parse(restart) if restart else None,
         Lsn.parse(confirmed) if confirmed else None,
-        wal_status, int(retained), int(lag),
+        wal_status, int(retained), int(lag), reason,
     )
 
 
@@ -97,11 +109,16 @@ def require_usable_slot(conn: psycopg2.extensions.connection, slot: str,
             f"replication slot {slot!r} does not exist. Run the initial_snapshot job to create "
             "it (or set snapshot.mode = when_needed to re-snapshot automatically)."
         )
-    if info.wal_status == "lost" or info.confirmed_flush_lsn is None:
+    if not info.usable:
+        cause = ("it was inactive longer than idle_replication_slot_timeout"
+                 if info.invalidation_reason == "idle_timeout" else "the WAL it needed was removed"
+                 if info.invalidation_reason in (None, "wal_removed") else
+                 f"invalidation_reason={info.invalidation_reason}")
         raise SlotLostError(
-            f"replication slot {slot!r} is invalidated (wal_status={info.wal_status}): the WAL "
-            "it needed was removed, so changes were lost. Drop the slot and run the "
-            "initial_snapshot job again (a re-snapshot replaces silver)."
+            f"replication slot {slot!r} is invalidated (wal_status={info.wal_status}): {cause}, "
+            "so changes were lost. Drop the slot and run the initial_snapshot job again, or "
+            "set snapshot.mode = when_needed to do both at the next run (a re-snapshot "
+            "replaces silver)."
         )
     if info.plugin != plugin:
         raise ConfigurationError(
@@ -118,9 +135,10 @@ def require_usable_slot(conn: psycopg2.extensions.connection, slot: str,
 
 
 def current_flush_lsn(conn: psycopg2.extensions.connection) -> Lsn:
-    """The WAL position flushed to disk: logical decoding never reads past it."""
+    """The WAL position flushed to disk (replayed, on a standby): logical decoding never
+    reads past it."""
     with conn.cursor() as cur:
-        cur.execute("SELECT pg_current_wal_flush_lsn()::text")
+        cur.execute(f"SELECT ({FLUSH_END_SQL})::text")
         return Lsn.parse(cur.fetchone()[0])
 
 
@@ -137,21 +155,52 @@ def advance_slot(conn: psycopg2.extensions.connection, slot: str, lsn: Lsn) -> L
         raise SlotInUseError(f"cannot advance slot {slot!r}: {exc.pgerror}") from None
 
 
+FAILOVER_SLOTS_SERVER = 170000
+"""PostgreSQL 17 added failover slots: a logical slot created with ``failover = true`` is
+synchronized to the standbys that run ``sync_replication_slots = on``, so it survives a
+promotion."""
+
+
+def supports_failover_slots(server_version_num: int) -> bool:
+    """Whether the server can create failover slots (PostgreSQL 17+)."""
+    return server_version_num >= FAILOVER_SLOTS_SERVER
+
+
+def failover_possible(dsn: str) -> bool:
+    """Whether a slot created through ``dsn`` can be a failover slot: PostgreSQL 17+ and not
+    a standby (a slot created on a standby cannot fail over)."""
+    with connection(dsn) as conn:
+        if not supports_failover_slots(conn.server_version):
+            return False
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery()")
+            return not cur.fetchone()[0]
+
+
 @contextmanager
 def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput",
-                              report: Callable[[str], None] | None = None
-                              ) -> Iterator[ExportedSlot]:
+                              report: Callable[[str], None] | None = None, *,
+                              failover: bool = False) -> Iterator[ExportedSlot]:
     """Create a logical slot of ``plugin`` (``plugin.name``) with an exported snapshot; keep
     it valid until exit. While the creation waits for transactions open at the source, they
     are reported every few seconds to ``report`` (:mod:`~pgcdc_dagster.postgres.slot_wait`).
 
+    With ``failover`` (``slot.failover``) the slot is a failover slot on PostgreSQL 17+
+    (``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export', FAILOVER)``); older servers and
+    standbys (16+ decode on a standby) get an ordinary slot.
+
     The replication connection is held open (and idle) for the whole block: the exported
     snapshot can be imported with ``SET TRANSACTION SNAPSHOT`` only while it lives.
     """
+    if failover:
+        failover = failover_possible(dsn)
     conn = connect(dsn, replication=True, application_name="pgcdc_dagster snapshot")
     try:
         with conn.cursor() as cur:
             command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} EXPORT_SNAPSHOT")
+            if failover:
+                command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} "
+                                  "(SNAPSHOT 'export', FAILOVER)")
             try:
                 # it waits for the transactions open at the source: say which, meanwhile
                 with reporting_waits(dsn, conn.info.backend_pid, slot, report=report):

@@ -35,6 +35,11 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     slot: str = Field(default="pgcdc", description="slot.name (PGCDC_SLOT).")
     publication: str = Field(default="pgcdc",
                              description="publication.name (PGCDC_PUBLICATION).")
+    slot_failover: bool = Field(
+        default=True,
+        description="slot.failover: create the slot as a failover slot on PostgreSQL 17+ "
+        "(synchronized to standbys with sync_replication_slots, so it survives a promotion); "
+        "older servers get an ordinary slot.")
     plugin_name: str = Field(
         default="pgoutput",
         description="plugin.name (PGCDC_PLUGIN_NAME): the logical decoding plugin of the slot, "
@@ -209,7 +214,7 @@ class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         return CaptureSettings(
             dsn=dsn, lakehouse=lakehouse,
             include=split_list(self.tables), exclude=split_list(self.exclude_tables),
-            slot=self.slot, publication=self.publication,
+            slot=self.slot, publication=self.publication, slot_failover=self.slot_failover,
             plugin_name=check_plugin(self.plugin_name),
             publication_autocreate=self.publication_autocreate_mode,
             topic_prefix=self.topic_prefix, modes=modes, snapshot_mode=self.snapshot_mode,

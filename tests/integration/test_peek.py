@@ -8,6 +8,7 @@ import psycopg2
 import pytest
 
 from pgcdc_dagster.cdc.lsn import Lsn
+from pgcdc_dagster.cdc.pgoutput.options import max_proto_version
 from pgcdc_dagster.cdc.pgoutput.pending import PendingTxn
 from pgcdc_dagster.exceptions import ConfigurationError, DecodeError
 from pgcdc_dagster.postgres.peek import peek_window
@@ -121,6 +122,10 @@ def test_streaming_with_low_decoding_work_mem_matches_plain_decoding(pg_conn) ->
 def test_two_phase_prepare_carried_across_an_advanced_slot(pg_conn, pg_dsn) -> None:
     cur = pg_conn.cursor()
     _setup(cur, two_phase=True)
+    if pg_conn.server_version < 150000:  # protocol 3 (two_phase) is 15's
+        with pytest.raises(ConfigurationError, match="needs PostgreSQL 15"):
+            peek_window(pg_conn, "s", "pub", _lsn(cur), two_phase=True)
+        return
     other = psycopg2.connect(pg_dsn)
     other.autocommit = True
     ocur = other.cursor()
@@ -179,8 +184,33 @@ def test_window_bound_and_options_are_checked(pg_conn) -> None:
         peek_window(pg_conn, "s", "pub", None)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="protocol version 1 cannot carry"):
         peek_window(pg_conn, "s", "pub", _lsn(cur), proto_version=1, streaming=True)
-    with pytest.raises(ConfigurationError, match="needs PostgreSQL 16"):
-        peek_window(pg_conn, "s", "pub", _lsn(cur), streaming="parallel")
+    if pg_conn.server_version < 160000:  # protocol 4 (streaming = parallel) is 16's
+        with pytest.raises(ConfigurationError, match="needs PostgreSQL 16"):
+            peek_window(pg_conn, "s", "pub", _lsn(cur), streaming="parallel")
+
+
+def test_parallel_streaming_matches_plain_decoding_on_16_and_later(pg_conn) -> None:
+    """Protocol 4's ``streaming = parallel`` (16+): a streamed transaction, an aborted
+    streamed one and a plain one decode as without streaming."""
+    cur = pg_conn.cursor()
+    _setup(cur)
+    cur.execute("BEGIN")
+    cur.execute("INSERT INTO t SELECT g, repeat('x', 50) FROM generate_series(1, 3000) g")
+    cur.execute("COMMIT")
+    cur.execute("BEGIN")
+    cur.execute("INSERT INTO t SELECT g, 'aborted' FROM generate_series(7001, 10000) g")
+    cur.execute("ROLLBACK")
+    cur.execute("INSERT INTO t VALUES (20000, 'last')")
+    upto = _lsn(cur)
+    if pg_conn.server_version < 160000:
+        with pytest.raises(ConfigurationError, match="needs PostgreSQL 16"):
+            peek_window(pg_conn, "s", "pub", upto, streaming="parallel")
+        return
+    plain = peek_window(pg_conn, "s", "pub", upto)
+    streamed = peek_window(pg_conn, "s", "pub", upto, streaming="parallel",
+                           decoding_work_mem="64kB", spill_limit_bytes=100_000)
+    assert flatten(streamed) == flatten(plain)
+    assert len(_ids(plain)) == 3000 + 1
 
 
 def test_explicit_protocol_versions_give_the_same_window(pg_conn) -> None:
@@ -189,8 +219,12 @@ def test_explicit_protocol_versions_give_the_same_window(pg_conn) -> None:
     cur.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 10) g")
     cur.execute("TRUNCATE t")
     upto = _lsn(cur)
-    windows = [peek_window(pg_conn, "s", "pub", upto, proto_version=v) for v in (1, 2, 3)]
-    assert windows[0] == windows[1] == windows[2]
+    offered = max_proto_version(pg_conn.server_version)
+    assert offered == {14: 2, 15: 3}.get(pg_conn.server_version // 10000, 4)
+    windows = [peek_window(pg_conn, "s", "pub", upto, proto_version=v)
+               for v in range(1, offered + 1)]
+    assert all(w == windows[0] for w in windows)
+    assert peek_window(pg_conn, "s", "pub", upto) == windows[0]  # the default: the highest
     assert [e["op"] for e in flatten(windows[0])] == ["c"] * 10 + ["t"]
 
 

@@ -12,11 +12,12 @@ ver  server  adds
 4    16+     ``streaming = parallel``: Stream Abort carries abort LSN and time
 ==== ======= =====================================================================
 
-Decision: request the lowest version that covers the features asked for. Message formats
-do not change between versions unless a feature is switched on, so a lower version loses
-nothing and keeps working against older servers and poolers. ``binary`` (14+) sends values
-in the types' send/recv format; the project's type conversion expects text, so it is off
-by default.
+Decision: request the highest version the server offers (2 on 14, 3 on 15, 4 on 16+), as
+Debezium and PostgreSQL's own subscriber do. Message formats do not change between versions
+unless a feature is switched on (``streaming``, ``two_phase``), so the same changes decode the
+same on every version; a feature the server cannot serve is refused by name. ``binary``
+(14+) sends values in the types' send/recv format; the project's type conversion expects
+text, so it is off by default.
 """
 
 from __future__ import annotations
@@ -104,6 +105,11 @@ def required_proto_version(*, streaming: StreamingMode = "off", two_phase: bool 
     return 1
 
 
+def max_proto_version(server_version_num: int) -> int:
+    """The highest pgoutput protocol version a server (``server_version_num``) offers."""
+    return max(v for v, minimum in _MIN_SERVER.items() if server_version_num >= minimum)
+
+
 def choose_options(
     server_version_num: int,
     publication_names: tuple[str, ...] | list[str],
@@ -118,12 +124,12 @@ def choose_options(
     Raises:
         ConfigurationError: the server is too old for a requested feature.
     """
-    version = required_proto_version(streaming=streaming, two_phase=two_phase)
-    minimum = max(_MIN_SERVER[version], 140000 if (binary or messages) else 0)
+    needed = required_proto_version(streaming=streaming, two_phase=two_phase)
+    minimum = max(_MIN_SERVER[needed], 140000 if (binary or messages) else 0)
     if server_version_num < minimum:
         raise ConfigurationError(
             f"PostgreSQL {server_version_num // 10000} cannot serve pgoutput with "
             f"streaming={streaming}, two_phase={two_phase}, messages={messages}, "
             f"binary={binary}: it needs PostgreSQL {minimum // 10000} or later")
-    return PgOutputOptions(tuple(publication_names), version, messages, streaming, two_phase,
-                           binary)
+    return PgOutputOptions(tuple(publication_names), max_proto_version(server_version_num),
+                           messages, streaming, two_phase, binary)
