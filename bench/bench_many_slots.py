@@ -1,4 +1,4 @@
-"""Many slots, one lakehouse (issue 19 item 4): two captures at once against one.
+"""Many slots, one lakehouse: two captures at once against one.
 
 A throwaway PostgreSQL with two tables, ``orders`` and ``events``, and three captures:
 

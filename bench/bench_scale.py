@@ -1,4 +1,4 @@
-"""Scale benchmark: what a run costs as the captured table count grows (issue 16).
+"""Scale benchmark: what a run costs as the captured table count grows.
 
 Every figure is a whole ``dagster job execute -m pgcdc_dagster.definitions -j <job>`` process
 on a fresh ``DAGSTER_HOME`` with the default instance (telemetry off), as a user runs it. Two
@@ -205,7 +205,7 @@ def main() -> None:
             ratio = figures["large"][job][0] / small[0]
             cpu = figures["large"][job][1] / max(small[1], 1e-9)
             target = targets.get(job, 1.5)
-            if target is None:  # the issue's target is in seconds
+            if target is None:  # this target is in seconds
                 print(f"  {job:<45} {ratio:5.2f}  ({figures['large'][job][0]:.1f} s for "
                       f"{args.large} tables; target: seconds, not minutes; CPU seconds "
                       f"{cpu:.2f})")

@@ -1,4 +1,4 @@
-"""Scale-out benchmark (issue 19): snapshot to object storage against local disk, and a Spark
+"""Scale-out benchmark: snapshot to object storage against local disk, and a Spark
 standalone cluster (two workers) against ``local[2]``, as ratios in one run.
 
 Starts a throwaway PostgreSQL, a local S3-compatible server (moto, loopback; the test

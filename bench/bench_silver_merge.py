@@ -1,4 +1,4 @@
-"""Silver write amplification (issue 17): bytes a micro-batch writes against the table's bytes.
+"""Silver write amplification: bytes a micro-batch writes against the table's bytes.
 
 A table of ``--rows`` rows is snapshotted (real PostgreSQL, the project's snapshot), silver's
 snapshot chunk files are split into clustered files of the target size by one upkeep
@@ -6,7 +6,7 @@ compaction, then micro-batches (bronze + silver, the project's runner) apply ``-
 updates among the newest 1 % of keys, then ``--updates`` updates to random keys. For each,
 the bytes the silver commits added and removed are read from the Delta log and printed as a
 ratio of the table's bytes, with the bytes per row of the files written against the
-snapshot's. Targets (issue 17): newest 1 % <= 2 %, random <= 25 %, bytes per row within
+snapshot's. Targets: newest 1 % <= 2 %, random <= 25 %, bytes per row within
 +-20 % of the snapshot's. Also reads silver back with DuckDB (the Parquet files delta-rs
 lists) and checks the row count.
 
@@ -18,7 +18,7 @@ number in the leading 48 bits, like UUIDv7's timestamp: time-ordered).
 
     .venv/bin/python bench/bench_silver_merge.py [--rows 2000000] [--updates 100]
         [--target-file-bytes 1048576] [--key bigint|text|uuid|uuid7]
-        # --rows 20000000 for the issue's scale
+        # --rows 20000000 for the target scale
 """
 
 from __future__ import annotations

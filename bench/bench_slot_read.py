@@ -8,7 +8,7 @@ transactions of 100k rows, then UPDATEs of the same rows) in a fresh LocalCluste
 * our end-to-end rate: the same COPY through ``peek_window`` (incremental COPY parsing,
   pgoutput decoding, assembled ``Window``) plus an Arrow table per segment (the raw value
   bytes as binary columns, the event metadata as integer/string columns);
-* their ratio (issue 3 target: >= 0.5 on 2 cores);
+* their ratio (target: >= 0.5 on 2 cores);
 * the same end to end with ``peek_window(..., portion_changes=--portion, on_portion=...)``
   turning each portion into Arrow while the COPY still streams, as the stream does with
   bronze (bounded memory; the Arrow work overlaps PostgreSQL's). ``--portion 0`` skips it.

@@ -3,7 +3,7 @@
 Prints the raw ``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` rate of the tables (PostgreSQL
 alone, into a byte-counting sink: the limit), our rate from PostgreSQL to committed bronze
 and silver Delta tables (``run_snapshot``: new slot with an exported snapshot, key-range
-chunks read by Spark tasks, Parquet, delta-rs commits), and their ratio (issue 5 target:
+chunks read by Spark tasks, Parquet, delta-rs commits), and their ratio (target:
 >= 0.5). Raw and ours are measured alternately (``--repeat`` pairs), so both see the same
 machine load; it prints the ratio of the best times, the best and median of the per-pair
 ratios, the load average, and the CPU seconds each side used (PostgreSQL's processes plus
@@ -14,7 +14,7 @@ snapshot of a fresh Spark session (Python workers starting) is reported apart.
 ``--whole-process`` adds the same snapshot taken by a whole ``dagster job execute -m
 pgcdc_dagster.definitions -j initial_snapshot`` process (fresh ``DAGSTER_HOME``, default
 instance, its own slot), as a user runs it: its rate ÷ the raw COPY measured just before it
-(issue 16 target: >= 0.3; the engine's ratio above is the steady state, target >= 0.6), the
+(target: >= 0.3; the engine's ratio above is the steady state, target >= 0.6), the
 process's peak RSS, and where its time went: the CLI and Dagster's set-up before the run
 starts, the run's start to the capture step, the snapshot step's own timeline (when the Spark
 JVM was asked for and was ready, the slot created, the chunks planned, the first chunk, the

@@ -1,4 +1,4 @@
-"""Soak benchmark (issue 17): many micro-batches over a mixed workload, upkeep on its schedule.
+"""Soak benchmark: many micro-batches over a mixed workload, upkeep on its schedule.
 
 Ten tables (``t0`` large, ``t1``..``t9`` small) are snapshotted, then ``--runs`` micro-batch
 runs (bronze + silver, the project's runner) each follow a mix of writes on every table:
@@ -16,7 +16,7 @@ the ones the Dagster code location sets (``--arrow-pool``); ``--malloc-trim`` re
 to the OS after each run (to tell retained from live memory); ``--profile`` writes cProfile
 stats of the first and last 10 % of runs (the calling thread only). At the end the
 capture catches up and every silver table is compared with its source (convergence), and
-the issue's ratios are printed:
+the target ratios are printed:
 
 * the last 10 % of runs against the first 10 % (time; target <= 1.2; and CPU time),
 * the most files per silver table (bound: about table bytes / target + the runs since the

@@ -2,7 +2,7 @@
 
 Prints the raw ``pg_logical_slot_peek_binary_changes`` rate over the pending WAL (PostgreSQL
 alone, COPY into a byte-counting sink: the limit), our end-to-end rate (peek -> bronze ->
-silver -> advance, several windows), their ratio (issue 6 target: >= 0.25), the
+silver -> advance, several windows), their ratio (target: >= 0.25), the
 commit-to-silver latency of a small change after one micro-batch run, and the latency under
 the scheduled loop: the ``cdc_microbatch`` Dagster job run again ``--loop-interval`` seconds
 after each run while single rows are committed at random moments (``--loop-samples``).
@@ -16,7 +16,7 @@ thread, so stages overlap and do not add up to the total).
 ``--whole-process`` adds, next to the engine figure, the same changes read by a whole
 ``dagster job execute -m pgcdc_dagster.definitions -j cdc_microbatch`` process (fresh
 ``DAGSTER_HOME``, default instance, its own slot over the same WAL): its rate ÷ the raw peek
-(issue 16 target: >= 0.15) and the process's peak RSS (target without Spark: < 400 MB).
+(target: >= 0.15) and the process's peak RSS (target without Spark: < 400 MB).
 Beside it, Dagster's own floor: the same CLI executing a one-op job that does nothing
 (in-process executor, like ours) on an instance of its own, and the ratio a job that took
 only that long would reach: no job run by ``dagster job execute`` can do better.

@@ -2,8 +2,8 @@
 
 A table's context (:func:`~pgcdc_dagster.capture.tables.build_context`) opens its bronze
 Delta table, reads its offset and records its shape in the schema history: milliseconds per
-table. A micro-batch over a thousand mostly idle tables must not pay that for every table
-(issue 16), so :class:`CapturedTables` holds the relations, types and column facts read in
+table. A micro-batch over a thousand mostly idle tables must not pay that for every
+table, so :class:`CapturedTables` holds the relations, types and column facts read in
 bulk and builds a table's context only when something asks for it: the WAL window carries
 events for the table, the snapshot step reads it, its silver catches up, a check reads it.
 
@@ -160,7 +160,7 @@ class CapturedTables(Mapping[TableName, TableContext]):
 
     def bronze_uri(self, name: TableName) -> str:
         """:func:`table_uri` of the table's bronze, the lakehouse root resolved once (a
-        path's resolution, times a thousand tables, issue 16)."""
+        path's resolution, times a thousand tables)."""
         if self._root is None:
             self._root = normalise_root(self.settings.lakehouse)
         return "/".join((self._root, "bronze", *table_segments(*name)))

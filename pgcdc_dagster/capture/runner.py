@@ -181,7 +181,7 @@ def _run_bronze(settings: CaptureSettings, spark: SparkLike, force_snapshot_step
         run.notes.append("snapshot.mode = initial_only: no streaming")
         return run
     # Offsets as the contexts built so far read them, but for the tables this run's snapshot
-    # committed: no bronze table is opened again to check for stale offsets (issue 16).
+    # committed: no bronze table is opened again to check for stale offsets.
     offsets = {name: c.offset for name, c in captured.built().items()}
     snapped = {ctx.relation.qualified for ctx in run.changed()}
     for name in snapped:

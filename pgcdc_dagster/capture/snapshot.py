@@ -14,7 +14,7 @@ in, commits the table through delta-rs: one bronze append (``op = r`` events; th
 offset = the smallest point its chunks were read at) and one silver **overwrite**, so a
 re-snapshot replaces silver and never merges over it (keys deleted in between cannot survive
 as phantom rows). Tables finished together are committed by a few
-threads at once and recorded with one append (issue 16: a thousand small tables cost little
+threads at once and recorded with one append (a thousand small tables cost little
 more per table than their commits).
 """
 
@@ -188,8 +188,7 @@ def load_captured(settings: CaptureSettings) -> tuple[CapturedTables, list[Skipp
         found = resolve_capture(conn, settings.include, settings.exclude, key_for=key_for)
         leave_out_partitioned(conn, found, settings.include, settings.plugin_name)
         # The catalog read in bulk (types, NOT NULL flags and defaults: a few queries for
-        # every table); the schema history is read once when the first context is built
-        # (issue 16).
+        # every table); the schema history is read once when the first context is built.
         types: dict[int, PgType] = {}
         load_types(conn, {c.type_oid for r in found.relations for c in r.columns}, cache=types)
         facts = column_facts(conn, [r.oid for r in found.relations])
@@ -347,7 +346,7 @@ class _SnapshotRun:
             self._prepare(conn)
             slot = slot_info(conn, self.settings.slot)
         # A context's offset, once set, only grows: open bronze only for tables without one
-        # (none for a table the last windows were read for, issue 16).
+        # (none for a table the last windows were read for).
         offsets = {name: self.contexts.has_offset(name, lambda: last_capture_set(self.settings))
                    for name in self.order}
         open_state = self.log.load_open()

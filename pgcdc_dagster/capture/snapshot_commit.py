@@ -12,7 +12,7 @@ A table's rows enter its Delta tables only when all its chunks are read:
 
 A table the lakehouse does not hold yet is created by that commit (``create_with_files``:
 version 0 holds the schema, the files, the app transactions and the snapshot's metadata),
-so a first snapshot makes exactly two commits per table (issue 16: a thousand small tables
+so a first snapshot makes exactly two commits per table (a thousand small tables
 paid four, two of them empty table creations). A crash between the two leaves bronze
 committed and silver absent; the resumed run finds bronze's snapshot transaction, keeps
 its version and creates silver.
@@ -79,7 +79,7 @@ class TableSnapshotReport:
     holds, every row live). None: read it."""
     facts: CommitFacts = field(default_factory=CommitFacts)
     """What the checks would read back of the tables this commit created (bronze, silver)
-    or replaced (silver), known without reading them again (issue 16)."""
+    or replaced (silver), known without reading them again."""
 
 
 def snapshot_app_id(app_prefix: str, ctx: TableContext) -> str:

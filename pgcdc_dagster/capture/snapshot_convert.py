@@ -18,7 +18,7 @@ files with the table's schema:
   constants (``ts_ms``, ``__commit_lsn``, ``source.lsn``, silver ``__lsn`` ...) are plain
   repeated values, written dictionary-encoded (a one-value dictionary page and index runs
   of width 0): the writer hashes each value, which costs less than DELTA_BINARY_PACKED's
-  blocks (issue 16, the ten integer constants of a bronze and a silver row: 13 ns per row
+  blocks (the ten integer constants of a bronze and a silver row: 13 ns per row
   less, measured on an 87,860-row row group of ``orders``; the files slightly smaller).
 * A constant whose value is not NULL (every one but ``source.txId``/``source.xmin``), and
   the markers, are REQUIRED Parquet fields, so no definition levels are written for them
@@ -30,7 +30,7 @@ files with the table's schema:
   read with the table's schema; so do this project's: ``lake/bronze_read.py``,
   ``lake/data_files.read_file`` for compaction, Spark's ``spark/silver_batch.read_bronze``
   given the table's schema). Their eleven leaves, definition levels only, cost about 40 ns
-  per row to write (issue 16, an 87,860-row row group of ``orders``: 175-180 against
+  per row to write (an 87,860-row row group of ``orders``: 175-180 against
   215-220 ns per row of bronze).
 * Data columns with few distinct values in the first row group are dictionary-encoded.
   A first row group of fewer than ``PLAN_MIN_ROWS`` rows (a small table's) is not planned:

@@ -49,8 +49,8 @@ Where does the consistent point come from?
   under updates (a row can move to a range read at another point and be read twice or never),
   so a CTID-chunked table is re-read whole when its snapshot is resumed. Chunks read at a
   point the slot has already been advanced past cannot be completed by the stream and are
-  read again. The watermark (DBLog) procedure of issue 8 is not needed for these cases; it
-  remains the way to snapshot while the stream keeps running.
+  read again. The watermark (DBLog) procedure of incremental snapshots is not needed for these
+  cases; it remains the way to snapshot while the stream keeps running.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ class SnapshotLog:
     def load_open(self) -> SnapshotState | None:
         """The latest snapshot's state when it is open (to be resumed), else None. A closed
         one is recognised from two columns, without parsing its rows: a run with nothing to
-        snapshot pays no row per table of the last snapshot (issue 16)."""
+        snapshot pays no row per table of the last snapshot."""
         table = open_table(self.uri)
         if table is None:
             return None

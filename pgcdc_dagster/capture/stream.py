@@ -274,7 +274,7 @@ def stale_tables(settings: CaptureSettings,
     last = log[-1][1]
     out = []
     for name in tables.names:
-        # Not opened (issue 16): a table in the last set passed this check when it entered
+        # Not opened: a table in the last set passed this check when it entered
         # the sets it has been in since (they are recorded after the check), and its offset
         # only grows; a table in every set since the slot's start missed nothing from any
         # offset.
@@ -301,7 +301,7 @@ def run_windows(settings: CaptureSettings, contexts: Sequence[TableContext] | Ca
     A table dropped and created again keeps its old OID in the capture-set log until
     :func:`~pgcdc_dagster.capture.runner.run_bronze` has snapshotted it again.
     Of :class:`CapturedTables`, only the tables the windows carry events for are built
-    (their bronze opened): an idle table is not touched (issue 16).
+    (their bronze opened): an idle table is not touched.
     """
     started = time.monotonic()
     report = StreamReport()

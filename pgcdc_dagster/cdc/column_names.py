@@ -1,4 +1,4 @@
-"""Column names Delta Lake cannot store side by side (issue 18 item 3).
+"""Column names Delta Lake cannot store side by side.
 
 Delta Lake compares column names without letter case: delta-rs refuses a schema holding
 ``Name`` and ``name``, also inside bronze's ``before`` / ``after`` structs. Silver adds its

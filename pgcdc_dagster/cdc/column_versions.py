@@ -2,7 +2,7 @@
 
 Bronze is append-only and stays reader v1 / writer v2, so a field's Delta type can never
 change in place, and a value stored under one Debezium encoding must never be re-read under
-another. When a column's encoding changes (``ALTER COLUMN ... TYPE``, issue 4 item 3), the
+another. When a column's encoding changes (``ALTER COLUMN ... TYPE``), the
 events after the change store the column in a new bronze field ``<column>__v<n>`` (n = 2,
 3, ...), whose metadata names the column (``pgcdc.column``); the old field keeps the old
 events' values untouched. The choice is a pure function of the bronze schema, so every run

@@ -148,7 +148,7 @@ class ChunkWindow:
     def _is_mine(self, mark: Watermark | None, kind: str) -> bool:
         return (mark is not None and mark.kind == kind and mark.snapshot_id == self.snapshot_id
                 and mark.chunk == self.chunk
-                # table_id since issue 18; a snapshot started before wrote the plain name
+                # table_id now; a snapshot started by an older version wrote the plain name
                 and mark.table in (table_id(*self.table), ".".join(self.table)))
 
     def high_watermark(self, window: Window) -> LogicalMessage | None:

@@ -4,7 +4,7 @@ Column names come from the source and are data: a name may hold any character Po
 allows in a quoted identifier (quotes, backticks, backslashes, spaces, dots, operators,
 non-ASCII). Wherever a name must appear inside text that a parser reads (a delta-rs /
 DataFusion predicate or update expression, a Spark column path), it goes through one of
-these functions; nothing else builds such text from a name (issue 18 items 3 and 4).
+these functions; nothing else builds such text from a name.
 
 * :func:`sql_ident`: a DataFusion (delta-rs) identifier, ``"name"`` with ``"`` doubled.
   Quoted, so DataFusion does not lower-case it (an unquoted ``Name`` would mean ``name``)

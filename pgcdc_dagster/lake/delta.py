@@ -131,7 +131,7 @@ def create_with_files(uri: str, schema: pa.Schema, files: Sequence[DataFile], *,
 
     On local storage the commit is written as delta-rs would write it, without delta-rs's
     create, which also lists the log first and loads the new table back
-    (``lake/first_commit.py``; issue 16); elsewhere, or for a schema whose protocol that
+    (``lake/first_commit.py``); elsewhere, or for a schema whose protocol that
     module does not decide, delta-rs creates it."""
     ensure_safe_commits(uri)
     delta_schema = DeltaSchema.from_arrow(schema)

@@ -1,7 +1,7 @@
 """A new local Delta table's first commit (version 0), written without delta-rs's create.
 
 delta-rs's create lists the log to see whether a table exists, commits, then loads the new
-table back (issue 16: about 2-3 ms of CPU per table, two tables per captured table in a
+table back (about 2-3 ms of CPU per table, two tables per captured table in a
 snapshot, all in the driver process). For a brand-new table on local storage the commit is one
 JSON file; :func:`write_first_commit` writes the actions delta-rs's create would write (the
 same protocol, metadata, add actions with their statistics, app transactions and commit info),

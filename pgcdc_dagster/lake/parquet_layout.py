@@ -40,7 +40,7 @@ SAMPLE_ROWS = 20_000
 PLAN_MIN_ROWS = 2048
 """A first row group of fewer rows is not planned (no dictionary for data columns, every
 integer column delta-packed): for a small table's file the planning costs more than any
-encoding choice could save (issue 16: a thousand small tables)."""
+encoding choice could save (a thousand small tables)."""
 
 
 def parquet_columns(schema: pa.Schema) -> list[tuple[str, str]]:

@@ -1,6 +1,6 @@
 """Where the Delta tables live: ``<lakehouse>/<layer>/<schema>/<table>``, names escaped.
 
-Source names are data (issue 18 item 4): a schema or table may be named ``..``, ``a/b`` or
+Source names are data: a schema or table may be named ``..``, ``a/b`` or
 ``_pgcdc``. Each name becomes one path segment through :func:`encode_segment`, an injective
 mapping whose inverse is :func:`decode_segment`:
 

@@ -1,4 +1,4 @@
-"""The bronze schema history, keyed by LSN (issue 4 item 3).
+"""The bronze schema history, keyed by LSN.
 
 One Delta table beside bronze, ``<lakehouse>/bronze/_pgcdc/schema_history``, holds a row per
 shape change of a captured table: from position ``(lsn, ordinal)`` on (bronze's
@@ -123,7 +123,7 @@ def shape_at(entries: Sequence[Entry], lsn: int, ordinal: int) -> Entry | None:
 
 class HistoryBatch:
     """Entries of many tables written with one append (a run loading a thousand tables'
-    contexts writes one commit, not one per table; issue 16). Recorders given a batch
+    contexts writes one commit, not one per table). Recorders given a batch
     buffer their entries in it until :meth:`flush`; afterwards they write directly."""
 
     def __init__(self, uri: str) -> None:

@@ -260,7 +260,7 @@ def compare_tables(dsn: str, contexts: Sequence[TableContext], slot: str, public
                    facts: Sequence[TableFacts] | None = None) -> list[ConsistencyReport]:
     """Compare many tables' silver with the source, in the contexts' order.
 
-    What every table shares is done once for all of them (issue 16: a sweep of 1,000 tables
+    What every table shares is done once for all of them (a sweep of 1,000 tables
     in seconds): the slot's lock, one connection for the slot, one REPEATABLE READ snapshot
     of the source at one WAL position, one flush, one peek of the pending changes. Then each
     table's source rows are read in that snapshot and its silver at the version pinned

@@ -11,7 +11,7 @@ does not grow with the tables' sizes.
 A table this run's snapshot commit just created (or a silver it replaced) needs no read: the
 commit knows what it wrote (:class:`CommitFacts`: its version, app transactions, capture
 commit, schema and files), and :func:`read_facts` opens only the table it does not know
-(issue 16: a thousand new tables paid three log replays each for their light checks).
+(a thousand new tables paid three log replays each for their light checks).
 """
 
 from __future__ import annotations

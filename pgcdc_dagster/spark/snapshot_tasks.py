@@ -96,7 +96,7 @@ class ChunkTask:
 
     def __getstate__(self) -> dict[str, Any]:
         """The schemas travel as Arrow IPC bytes: a tenth of the CPU of pickling them field
-        by field, on the driver and in the worker (issue 16: a thousand small tables)."""
+        by field, on the driver and in the worker (a thousand small tables)."""
         state = dict(self.__dict__)
         for name in _SCHEMAS:
             state[name] = state[name].serialize().to_pybytes()
@@ -478,7 +478,7 @@ def _arrow_groups(task: ChunkTask, conv: ChunkConverter, query: sql.Composable,
 class SharedTransaction:
     """The snapshot transaction the chunks of a group (small tables) read in, one after the
     other: one connection, snapshot import and set of session settings per group instead of
-    per chunk (issue 16: a thousand small tables paid a thousand connections). Opened by
+    per chunk (a thousand small tables paid a thousand connections). Opened by
     the first chunk that needs it; dropped after a chunk's error (its transaction may be
     aborted, or its reply half read), so the next chunk opens another. A statement_timeout
     one chunk's read set (an override's) is reset before the next chunk's."""

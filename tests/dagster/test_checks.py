@@ -107,7 +107,7 @@ def test_runs_carry_metadata_and_light_checks_pass(capture, pg_conn) -> None:
     assert "lsn_start" not in items and items["snapshot_lsn"] == items["snapshot_point"]
     assert len(result.get_asset_materialization_events()) == 4  # bronze and silver, 2 tables
     assert items["duration_s"] > 0 and items["rows_per_s"] > 0
-    # version 0: the snapshot commit creates the table (issue 16: two commits per table)
+    # version 0: the snapshot commit creates the table (two commits per table)
     assert items["delta_version"] == 0 and isinstance(items["slot_lag_bytes"], int)
     assert items["wal_status"] == "reserved"
     bronze_cols = {c.name for c in items["dagster/column_schema"].columns}
@@ -116,7 +116,7 @@ def test_runs_carry_metadata_and_light_checks_pass(capture, pg_conn) -> None:
     assert silver["capture_kind"] == "snapshot"
     assert silver["dagster/row_count"] == 200 and silver["rows_written"] == 200
     assert silver["lsn_end"] == items["snapshot_lsn"]
-    # silver as the snapshot commit created it, nothing left to catch up (issue 16)
+    # silver as the snapshot commit created it, nothing left to catch up
     assert silver["delta_version"] == 0 and silver["events"] == 0
     assert silver["bronze_version_from"] == silver["bronze_version_to"] == 0
     columns = {c.name: c for c in silver["dagster/column_schema"].columns}
@@ -370,7 +370,7 @@ def test_schema_types_fold_what_delta_does_not_keep() -> None:
 
 
 def test_checks_name_the_fix_for_missing_privileges(capture, pg_conn, pg_dsn) -> None:
-    """Checks run as a capture user short of privileges (a real role, issue 18): no raw
+    """Checks run as a capture user short of privileges (a real role): no raw
     server error, the missing grant named (no REPLICATION: the ALTER ROLE; no SELECT: the
     table is left out, with its GRANT; USAGE on the schema revoked: PostgreSQL's refusal
     with the GRANT USAGE)."""

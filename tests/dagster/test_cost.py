@@ -1,4 +1,4 @@
-"""Cost follows the work (issue 16): runs report, check and pay for the tables they change.
+"""Cost follows the work: runs report, check and pay for the tables they change.
 
 One scenario over two captures of the same database, 3 and 50 tables:
 * ``initial_snapshot`` of 50 tables sends the source no more statements than that of 3 (the

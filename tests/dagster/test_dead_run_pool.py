@@ -58,7 +58,7 @@ def test_a_killed_runs_pool_slot_is_freed_at_the_next_tick() -> None:
 
 def test_shipped_instance_settings_free_slots_within_the_grace_period() -> None:
     monitoring = yaml.safe_load(EXAMPLE.read_text())["run_monitoring"]
-    grace = 20  # the smallest PGCDC_DEAD_RUN_GRACE_SECONDS the issue reports in use
+    grace = 20  # the smallest PGCDC_DEAD_RUN_GRACE_SECONDS reported in use
     assert monitoring["enabled"] is True
     assert monitoring["poll_interval_seconds"] + monitoring["free_slots_after_run_end_seconds"] \
         < grace

@@ -1,4 +1,4 @@
-"""The definitions of many tables are built cheaply (issue 16) yet stay the same.
+"""The definitions of many tables are built cheaply yet stay the same.
 
 ``tests/data/definitions/structure_50.json`` is the structure (asset specs with every
 attribute, op input/output names, check specs, jobs and their selections, schedules,

@@ -1,4 +1,4 @@
-"""Hostile ``additional-conditions`` through both documented channels (issue 18 item 1).
+"""Hostile ``additional-conditions`` through both documented channels.
 
 Real PostgreSQL, Spark, Delta and Dagster: the ``incremental_snapshot`` job (run config
 ``additional_condition``), the ``incremental_snapshot_signal`` job, and the signalling table

@@ -1,4 +1,4 @@
-"""A real Dagster backfill of ``incremental/snapshot`` (issue 8 scope 3; INC-04 on demand,
+"""A real Dagster backfill of ``incremental/snapshot`` (INC-04 on demand,
 INC-13 ad hoc snapshot, launched the way the UI does).
 
 ``dagster-webserver`` and ``dagster-daemon run`` run on loopback with their own DAGSTER_HOME;

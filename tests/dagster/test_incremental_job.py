@@ -1,4 +1,4 @@
-"""The incremental_snapshot job and the signal-table sensor (issue 7 item 2-3, issue 8 item 3).
+"""The incremental_snapshot job and the signal-table sensor.
 
 Real PostgreSQL, Spark and Delta; Dagster runs in process on a test instance. Seed inventory:
 INC-19 (signalling table id/type/data), INC-22 (``source.snapshot = incremental``), and the

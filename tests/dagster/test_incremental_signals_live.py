@@ -1,5 +1,5 @@
 """pause-snapshot, resume-snapshot and stop-snapshot against a snapshot in progress, through both
-channels (issue 8 scope 2; INC-13 signalling table, INC-19 id/type/data, INC-04 resumable):
+channels (INC-13 signalling table, INC-19 id/type/data, INC-04 resumable):
 
 * the signalling table: a row inserted while a chunk is being read, picked up by a
   ``signal_table_sensor`` evaluation (the sensor applies it; ``resume-snapshot`` yields the run

@@ -178,13 +178,13 @@ def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path,
                 for line in lines if "snapshot timeline" in line]
     assert len(timeline) == 1, lines[-40:]
     assert "spark" not in timeline[0] and "without Spark" in "\n".join(lines), timeline
-    # A micro-batch without Spark work starts no JVM (issue 16): with no Java to start, it
+    # A micro-batch without Spark work starts no JVM: with no Java to start, it
     # would fail. Idle first, then a few changes (far under the silver Spark threshold).
     _dagster_job(no_java, "cdc_microbatch")
     with pg_conn.cursor() as cur:
         cur.execute(CHANGES)
     imported = _dagster_job(no_java, "cdc_microbatch")
-    # The stream path imports no Spark, no SQL parser, no protobuf (issue 16: the code
+    # The stream path imports no Spark, no SQL parser, no protobuf (the code
     # location loads and the run works without them; they come with a snapshot, a filter,
     # decoderbufs).
     assert "pgcdc_dagster.capture.stream" in imported
@@ -215,7 +215,7 @@ def test_dagster_job_execute_from_a_shell(pg_dsn, pg_conn, lakehouse, tmp_path,
 
 
 def test_a_process_executing_one_lean_job_builds_that_job_only(monkeypatch) -> None:
-    """Issue 16: ``dagster job execute -j cdc_microbatch`` (or the run worker of such a run)
+    """``dagster job execute -j cdc_microbatch`` (or the run worker of such a run)
     builds the job it executes and the resources, not the assets, checks, schedules and
     sensors of every captured table; the job is the one the full definitions define (same
     snapshot: the UI shows the run as a run of its job). Any other process builds all."""

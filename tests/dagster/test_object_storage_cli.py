@@ -1,4 +1,4 @@
-"""Issue 19: the user's path on object storage, end to end.
+"""The user's path on object storage, end to end.
 
 Every step is ``dagster job execute -m pgcdc_dagster.definitions -j <job>`` in a subprocess
 whose environment holds only what a user sets (PATH, HOME, JAVA_HOME, DAGSTER_HOME, the

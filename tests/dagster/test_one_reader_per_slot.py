@@ -1,4 +1,4 @@
-"""One reader per slot without the Dagster pool, and dead runs noticed (issue 18, items 2, 6).
+"""One reader per slot without the Dagster pool, and dead runs noticed.
 
 * Two ``cdc_microbatch`` runs launched at once in two processes on a fresh instance (no pool
   limit), round after round: exactly one reads, the other fails with SlotInUseError naming

@@ -1,5 +1,5 @@
 """Names holding ``%`` or braces, and names whose dots make ``schema.table`` ambiguous, through
-the documented interfaces (issue 18 leftovers).
+the documented interfaces.
 
 One source database: schemas and tables named ``%s``, ``a%2Fb``, ``pct%(k)s``, ``{}``,
 ``50%%`` with columns ``v%``, ``%(k)s``, ``{0}``, ``%%`` (psycopg2 %-formats a statement's whole

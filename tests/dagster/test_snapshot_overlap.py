@@ -1,4 +1,4 @@
-"""Issue 16, item 4: a snapshot's tables are reported as their commits are made, while Spark
+"""A snapshot's tables are reported as their commits are made, while Spark
 reads the others; a table that fails later fails the run with its own error, and the tables
 already committed stay reported and are not snapshotted again.
 

@@ -1,6 +1,6 @@
-"""Issue 5, progress: while a snapshot runs, the Dagster run's event log receives a line per
+"""Progress: while a snapshot runs, the Dagster run's event log receives a line per
 finished chunk of a table read in several chunks (single-chunk tables at most every few
-seconds, issue 16) with the rows read, the chunks done, the rate and the ETA; the bronze
+seconds) with the rows read, the chunks done, the rate and the ETA; the bronze
 materializations carry the figures as they stood when each table was committed.
 """
 

@@ -1,4 +1,4 @@
-"""Unusual table names and unusable tables in the Dagster code location (issue 18 items 5, 7).
+"""Unusual table names and unusable tables in the Dagster code location.
 
 One source database holds ordinary tables next to tables named with a space, quotes, a
 slash, non-ASCII characters, ``a-b`` next to ``a_b``, ``A`` next to ``a``, schemas whose

@@ -1,4 +1,4 @@
-"""Tables removed from the capture set and added back (issue 6, item 3; STR-29/30, STR-11,
+"""Tables removed from the capture set and added back (STR-29/30, STR-11,
 FT-12).
 
 While a table is out, windows are read without it and its changes are dropped; its bronze

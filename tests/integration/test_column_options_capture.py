@@ -1,4 +1,4 @@
-"""Column options through a real capture (issue 4 item 5): bronze, silver and the export.
+"""Column options through a real capture: bronze, silver and the export.
 
 Seed-inventory IDs: CFG-36/37 and TYPE-16 (column lists; key columns always kept, EVT-06),
 CFG-46/47 and TYPE-13/14 (truncate, mask), CFG-48 and TYPE-15 (propagate source type),

@@ -1,4 +1,4 @@
-"""Silver against the source for every type family the capture supports (issue 16 item 3).
+"""Silver against the source for every type family the capture supports.
 
 The comparison hashes both sides column by column (``cdc/row_hash.py``); this closes the
 loop on real data: a table with every type of docs/types.md (the type tests' columns, plus

@@ -1,4 +1,4 @@
-"""Crash tests (issue 6; FT- items, STR-18): the run is killed (SIGKILL) after decode, between
+"""Crash tests (FT- items, STR-18): the run is killed (SIGKILL) after decode, between
 two tables' bronze commits, after the bronze commit before the slot advance, after the
 advance, and after a silver merge; the next run loses nothing and doubles nothing."""
 

@@ -1,4 +1,4 @@
-"""Debezium JSON export of a real capture (issue 4 item 2; "How it is shown": an export of an
+"""Debezium JSON export of a real capture (an export of an
 insert, update, delete and truncate event has exactly the field names, types and schema names
 of Debezium's PostgreSQL events).
 

@@ -1,4 +1,4 @@
-"""Bronze against Debezium's own test expectations, by snapshot and by stream (issue 20 item 3).
+"""Bronze against Debezium's own test expectations, by snapshot and by stream.
 
 Debezium's PostgreSQL connector tests (``AbstractRecordsProducerTest`` with the tables of its
 ``postgres_create_tables.sql`` / ``postgis_create_tables.sql``, ``RecordsSnapshotProducerIT``

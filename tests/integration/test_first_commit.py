@@ -1,4 +1,4 @@
-"""Issue 16: a new local table's first commit, written without delta-rs's create
+"""A new local table's first commit, written without delta-rs's create
 (``lake/first_commit.py``), is the commit delta-rs's create writes.
 
 Every table a snapshot creates on local storage gets the hand-written version 0. For the

@@ -1,4 +1,4 @@
-"""Source names are data, end to end (issue 18 items 3 and 4).
+"""Source names are data, end to end.
 
 One source database with hostile names, captured through the engine (snapshot, then
 micro-batches of inserts, updates and deletes touching the hostile columns); the hostile

@@ -1,4 +1,4 @@
-"""Incremental snapshots (issue 8): DBLog chunks between watermarks while the stream runs.
+"""Incremental snapshots: DBLog chunks between watermarks while the stream runs.
 
 Writers change the table being snapshotted (inserts, updates leaving a TOASTed column
 unchanged, primary-key changes, deletes); afterwards silver equals the source exactly. One

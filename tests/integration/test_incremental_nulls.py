@@ -1,4 +1,4 @@
-"""NULL-aware incremental-snapshot chunks (issue 8 scope 1; INC-05 key order, INC-10 dedup).
+"""NULL-aware incremental-snapshot chunks (INC-05 key order, INC-10 dedup).
 
 Chunks follow ``ORDER BY k1 ASC NULLS LAST, …`` with NULL-aware bounds when an ordering
 column is nullable: a nullable ``surrogate-key`` (``sk.grp``) and a ``message.key.columns``

@@ -1,5 +1,5 @@
 """Incremental rows sit at the high watermark's position, and no user table is written
-(issue 8 scope 1; design.md §3 decision 6; INC-03 watermarks, INC-10 emit at window close,
+(design.md §3 decision 6; INC-03 watermarks, INC-10 emit at window close,
 INC-22 ``source.snapshot = incremental``).
 
 Independent witnesses, not the project's decoder: a ``test_decoding`` slot created before the

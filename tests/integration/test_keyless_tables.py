@@ -1,4 +1,4 @@
-"""``message.key.columns`` keys a table without primary key (issue 4 item 5; CFG-38, EVT-05):
+"""``message.key.columns`` keys a table without primary key (CFG-38, EVT-05):
 bronze keys, the export's Key schema and silver's MERGE key come from the option, for the
 snapshot and the stream. Without the option such a table is refused with the fix.
 """

@@ -1,4 +1,4 @@
-"""Issue 19 item 2: safe Delta commits on object storage.
+"""Safe Delta commits on object storage.
 
 A store that ignores conditional writes (moto behind a front that drops ``If-None-Match``)
 is refused before anything is written, with an error naming the way to opt in; the opt-in
@@ -124,7 +124,7 @@ def test_resource_fields_reach_delta_rs_and_pyarrow(s3_server, monkeypatch) -> N
 
 
 def test_the_probe_writes_where_no_slot_state_lives(s3_lakehouse, monkeypatch) -> None:
-    """A slot named ``commit_probe`` keeps its state apart from the probe (issue 18): the
+    """A slot named ``commit_probe`` keeps its state apart from the probe: the
     probe's puts (real ones, recorded on the way) land under ``_pgcdc/~commit_probe/``."""
     keys: list[str] = []
     real_put = commit_safety.signed_put

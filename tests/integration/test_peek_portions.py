@@ -1,4 +1,4 @@
-"""peek_window in portions: bounded memory for huge transactions (issue 6 item 5).
+"""peek_window in portions: bounded memory for huge transactions.
 
 A transaction of 200,000 rows peeked with ``portion_changes=20_000`` goes out in portions of
 exactly 20,000 rows while the COPY still streams; joined together they equal the window

@@ -306,7 +306,7 @@ def test_pgoutput_matches_test_decoding(pg_conn, seed: int) -> None:
                            spill_limit_bytes=64 * 1024)
     two_phase = peek_window(pg_conn, "po2", pubs, upto, streaming=True, two_phase=True,
                             decoding_work_mem="64kB")
-    # In small portions (issue 6 item 5), cut anywhere inside transactions: joined, the same.
+    # In small portions, cut anywhere inside transactions: joined, the same.
     portions: dict[str, list[Window]] = {"plain": [], "streamed": [], "two_phase": []}
     plain_cut = peek_window(pg_conn, "po", pubs, upto, portion_changes=7,
                             on_portion=portions["plain"].append)

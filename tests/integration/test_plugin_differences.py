@@ -1,4 +1,4 @@
-"""The same changes through pgoutput, wal2json and decoderbufs (issue 20 item 1; STR-32..35).
+"""The same changes through pgoutput, wal2json and decoderbufs (STR-32..35).
 
 Three slots created one after the other on the same database, each with its own lakehouse,
 then one workload: every slot decodes the same transactions. The streamed bronze events

@@ -1,4 +1,4 @@
-"""REPLICA IDENTITY through the stream (issue 6, item 3; STR-41..45, STR-75).
+"""REPLICA IDENTITY through the stream (STR-41..45, STR-75).
 
 * USING INDEX on a unique index that is not the primary key: pgoutput's old images carry the
   index columns only, so the index is the table's key; deletes, updates of the index columns

@@ -1,4 +1,4 @@
-"""Schema changes in the middle of a stream (issue 4 item 3, issue 6 item 3; STR- schema
+"""Schema changes in the middle of a stream (STR- schema
 items): columns added, dropped and renamed between and inside windows lose no event, old
 bronze rows keep their values, silver follows the source; a column's type change goes to a
 versioned bronze field (docs/types.md, "Schema changes"); a key's type change is refused."""
@@ -85,7 +85,7 @@ def _bronze(lakehouse) -> pa.Table:
 
 
 def test_type_changes_mid_stream_keep_history(pg_dsn, pg_conn, spark, lakehouse) -> None:
-    """ALTER COLUMN ... TYPE between changes of one window (issue 4 item 3; TYPE-01/02/04
+    """ALTER COLUMN ... TYPE between changes of one window (TYPE-01/02/04
     encodings): int -> bigint, int -> text and numeric(10,2) -> numeric(12,4) each move the
     column's new values to a versioned bronze field; old events keep theirs; no event is
     lost; silver (rewritten to the new types) equals the source; the schema history keyed
@@ -277,7 +277,7 @@ def test_versioned_fields_and_real_columns_named_like_them(pg_dsn, pg_conn, spar
                                                            lakehouse) -> None:
     """A source column really named ``a__v2`` (and ``B__V2`` differing in case) next to
     ``a``'s and ``b``'s type changes, then a column added under the name of a versioned
-    field (issue 18): every field name stays distinct (Delta would refuse the write, or
+    field: every field name stays distinct (Delta would refuse the write, or
     mix the two columns' values), and silver equals the source."""
     with pg_conn.cursor() as cur:
         cur.execute('CREATE TABLE s (id int PRIMARY KEY, a int, a__v2 text, b int, '

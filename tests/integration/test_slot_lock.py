@@ -1,5 +1,5 @@
 """The slot's lock: every reader of the slot is refused while another session holds it, and a
-bronze commit refuses a window another writer committed first (issue 18, item 2)."""
+bronze commit refuses a window another writer committed first."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Source safety (issue 6 item 4; STR- slot items, FT-): a slot read by another process is a
+"""Source safety (STR- slot items, FT-): a slot read by another process is a
 clear, retryable outcome; a missing slot is a clear error; the slot's health is reported."""
 
 from __future__ import annotations

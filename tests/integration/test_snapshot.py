@@ -1,4 +1,4 @@
-"""Issue 5: the initial snapshot, killed in the middle and resumed, under concurrent writers.
+"""The initial snapshot, killed in the middle and resumed, under concurrent writers.
 
 SNAP-03..08 (consistent snapshot, stream from its point), SNAP-28/31 (``op = r``,
 ``source.snapshot`` markers), FT-13 (an interrupted snapshot is finished, not restarted).

@@ -1,4 +1,4 @@
-"""Issue 5: ``table.exclude.list`` in the initial snapshot and in the stream after it.
+"""``table.exclude.list`` in the initial snapshot and in the stream after it.
 
 CFG-34 (``table.blacklist``, now ``table.exclude.list``: regular expressions of the tables to
 leave out), CFG-33/35 (``table.include.list``), SNAP-03/05 (a consistent snapshot, then the

@@ -1,4 +1,4 @@
-"""Issue 16, item 4: the chunks of a group of small tables share one snapshot transaction.
+"""The chunks of a group of small tables share one snapshot transaction.
 
 A group (one Spark task) reads its small tables one after the other in a single REPEATABLE
 READ transaction that imported the exported snapshot, on one connection, instead of one

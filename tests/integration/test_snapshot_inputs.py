@@ -1,4 +1,4 @@
-"""Issue 5, bad input and per-table options: snapshot.select.statement.overrides (validated as
+"""Bad input and per-table options: snapshot.select.statement.overrides (validated as
 one read-only SELECT), snapshot.include.collection.list, a table that vanishes while it is
 read, and a value the configured handling mode cannot convert (SNAP-25, CFG-40, TYPE-08)."""
 
@@ -86,7 +86,7 @@ def test_override_and_include_list_end_to_end(pg_dsn, pg_conn, spark, lakehouse)
                        snapshot_select_overrides=(("public.nope", "SELECT 1"),))
     with pytest.raises(ConfigurationError, match="not a captured table"):
         run_bronze(bad, spark, force_snapshot_step=True)
-    # A SELECT that writes through a function is refused by the parser-based check (issue 18).
+    # A SELECT that writes through a function is refused by the parser-based check.
     writes = settings_for(pg_dsn, lakehouse / "w", slot="w", publication="w",
                           include=("public\\.other",), snapshot_select_overrides=(
                               ("public.other", "SELECT nextval('s')::int AS id, v FROM other"),))

@@ -1,4 +1,4 @@
-"""Issue 16, item 4: many small tables snapshot together, and exactly.
+"""Many small tables snapshot together, and exactly.
 
 40 small tables and 2 big ones (read in several chunks) are snapshotted in one run: the small
 tables' chunks share Spark tasks (Spark's own task count is far below the chunk count), the

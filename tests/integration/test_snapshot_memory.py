@@ -1,4 +1,4 @@
-"""Issue 5: a snapshot chunk several times larger than the memory given to it completes.
+"""A snapshot chunk several times larger than the memory given to it completes.
 
 The chunk runs exactly as a Spark task runs it (``run_chunk``) in a child process whose
 data segment is capped with ``RLIMIT_DATA`` (heap and anonymous mappings) at its size after

@@ -1,4 +1,4 @@
-"""Issue 5: a whole snapshot of a table several times larger than its run's memory completes.
+"""A whole snapshot of a table several times larger than its run's memory completes.
 
 ``test_snapshot_memory.py`` runs one chunk task on its own; this test runs the **whole**
 snapshot (``run_snapshot``: slot, plan, every chunk as a Spark task on a real ``local[2]``

@@ -1,4 +1,4 @@
-"""Issue 5: every ``snapshot.mode`` against a real server (SNAP-04..13, FT-20).
+"""Every ``snapshot.mode`` against a real server (SNAP-04..13, FT-20).
 
 initial (new tables later get their own consistent snapshot), initial_only (no slot left,
 nothing streamed), no_data/never (stream only), when_needed (slot dropped, slot invalidated),

@@ -1,4 +1,4 @@
-"""The snapshot's Parquet layout is cheap to write and invisible to every reader (issue 5).
+"""The snapshot's Parquet layout is cheap to write and invisible to every reader.
 
 A real snapshot (``run_bronze``: slot, Spark chunk tasks, delta-rs commits) of a table with
 a sequential key, a bigint spread over the whole int64 range, smallint/int (with NULLs),

@@ -1,5 +1,5 @@
 """Reaching the source: connect_timeout, no secret in any message, privilege errors that name
-the fix (issue 18 item 7)."""
+the fix."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bad input gets clear errors naming the problem and the fix (issue 2)."""
+"""Bad input gets clear errors naming the problem and the fix."""
 
 from __future__ import annotations
 

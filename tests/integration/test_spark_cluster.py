@@ -1,8 +1,8 @@
-"""Issue 19 item 3: the capture on a real Spark standalone cluster (two workers, loopback).
+"""The capture on a real Spark standalone cluster (two workers, loopback).
 
 The master and two workers are started with pyspark's own launcher; the driver runs in a
 child process with ``master=spark://…`` (the test session already holds a local
-SparkContext). In that one application, issue 19's end-to-end scenario
+SparkContext). In that one application, the end-to-end scenario
 (:mod:`tests.support.e2e_scenario`: snapshot, micro-batches with every kind of change and a
 TRUNCATE, a run SIGKILLed after its bronze commit and its rerun, an incremental snapshot,
 silver equal to the source, tables read back by delta-rs, Polars and DuckDB) runs twice at

@@ -1,4 +1,4 @@
-"""Filters and overrides against a real PostgreSQL (issue 18 item 1).
+"""Filters and overrides against a real PostgreSQL.
 
 * the allow-lists hold only what the server's catalog says is safe;
 * accepted filters select exactly the rows the filter means (compared with PostgreSQL

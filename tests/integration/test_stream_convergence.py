@@ -1,4 +1,4 @@
-"""Randomized convergence (issue 6, "How it is shown"): concurrent writers with fixed seeds,
+"""Randomized convergence: concurrent writers with fixed seeds,
 every change kind, micro-batches interleaved with the writes; afterwards silver equals the
 source and bronze holds exactly one event per change, checked event by event against
 PostgreSQL's own ``test_decoding`` plugin on a slot created at the same point of the WAL.
@@ -13,7 +13,7 @@ messages (STR-61, checked in ``bronze/_pgcdc/messages``) and transaction metadat
 BEGIN / END in ``bronze/_pgcdc/transactions``, ``event_count``, ``data_collections``,
 ``total_order`` and ``data_collection_order`` agreeing with the events).
 
-It runs once per ``plugin.name`` (issue 20 item 1) on the same workload: pgoutput, wal2json
+It runs once per ``plugin.name`` on the same workload: pgoutput, wal2json
 and decoderbufs must give the same events, except what a plugin cannot carry
 (``docs/plugins.md``): decoderbufs sends no TRUNCATE and no logical decoding message, so
 those are expected absent (and silver of the truncated tables then keeps rows the source no

@@ -1,4 +1,4 @@
-"""Every kind of change through the stream (issue 6 item 3): messages (STR-61, EVT-25),
+"""Every kind of change through the stream: messages (STR-61, EVT-25),
 transaction metadata (STR-69, EVT-14), skipped.operations, tombstones.on.delete, TRUNCATE
 (STR-53), REPLICA IDENTITY FULL before images (STR-3x), heartbeats (STR-4x)."""
 

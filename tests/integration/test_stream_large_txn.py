@@ -1,4 +1,4 @@
-"""A huge transaction streams with bounded memory (issue 6 item 5).
+"""A huge transaction streams with bounded memory.
 
 One transaction of 1,000,000 inserted (narrow) rows, plus 10,000 updates and 10,000 deletes in
 the same transaction, is read in a single window; with ``window_portion_changes = 50_000`` the

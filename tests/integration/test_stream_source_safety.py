@@ -1,4 +1,4 @@
-"""Source safety of the stream (issue 6, items 1 and 4): window bounds, time budget,
+"""Source safety of the stream: window bounds, time budget,
 heartbeats on a busy server, ``publication.autocreate.mode``.
 
 STR-16/17/36/38 (slot positions and WAL retention), STR-29/30/31 (publications), FT-02
@@ -38,7 +38,7 @@ def _stream_ops(lakehouse, table: str) -> list[str]:
 # --- window bounds -------------------------------------------------------------------------
 
 def test_window_max_bytes_bounds_every_window(pg_dsn, pg_conn, spark, lakehouse) -> None:
-    """Issue 6 §1, STR-18: every window spans at most ``window_max_bytes`` of WAL; a
+    """STR-18: every window spans at most ``window_max_bytes`` of WAL; a
     transaction larger than the cap arrives whole, in the window where it commits (the
     windows before it are empty); nothing lost or doubled."""
     cap = 64 << 10
@@ -68,7 +68,7 @@ def test_window_max_bytes_bounds_every_window(pg_dsn, pg_conn, spark, lakehouse)
 
 
 def test_time_budget_stops_at_a_window_boundary(pg_dsn, pg_conn, spark, lakehouse) -> None:
-    """Issue 6 §1, FT-12: ``time_budget_s`` ends a run at a window boundary before the WAL
+    """FT-12: ``time_budget_s`` ends a run at a window boundary before the WAL
     flushed at its start is read; the slot stays at the last committed window and the next
     run reads the rest: every change once, silver equals the source."""
     with pg_conn.cursor() as cur:

@@ -1,6 +1,5 @@
-"""Every type family of issue 4 scope item 1, captured end to end by snapshot AND by stream,
-under each handling mode (issue 4 "How it is shown": a real table with edge values captured
-by snapshot and by stream).
+"""Every supported type family, captured end to end by snapshot AND by stream, under each
+handling mode (a real table with edge values captured by snapshot and by stream).
 
 The converter-level tests (``test_types_scalars.py``, ``test_types_complex.py``, unit
 ``test_typeconv_*``) pin every encoding to the seeds' values (TYPE-01..26, CFG-39..48). This

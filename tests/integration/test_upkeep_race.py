@@ -1,4 +1,4 @@
-"""Upkeep racing micro-batches (issue 17): compaction of bronze and silver and log checkpoints
+"""Upkeep racing micro-batches: compaction of bronze and silver and log checkpoints
 run in a thread, over and over, while micro-batches capture changes into the same tables.
 
 Whichever commit loses a race fails with a Delta conflict and is redone (the micro-batch's

@@ -1,4 +1,4 @@
-"""Issue 2 walking skeleton: snapshot + micro-batches land exact bronze and silver.
+"""Walking skeleton: snapshot + micro-batches land exact bronze and silver.
 
 Covers SNAP-03/05 (consistent snapshot then stream from its point), STR-18 (advance only
 after the commit), EVT-12 (op codes c/u/d/r), FT-10 (no duplicates on re-run).

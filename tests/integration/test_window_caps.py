@@ -1,4 +1,4 @@
-"""Window bounds (issue 6 item 1): a cap on changes per window ends the window at its last
+"""Window bounds: a cap on changes per window ends the window at its last
 whole transaction, so nothing is skipped even though PostgreSQL stopped early."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""YugabyteDB's REPLICA IDENTITY CHANGE (issue 20 item 2; seed 003, YB-02, YB-04, YB-05).
+"""YugabyteDB's REPLICA IDENTITY CHANGE (seed 003, YB-02, YB-04, YB-05).
 
 No YugabyteDB server can run here, so the stream is built as the protocol messages
 ``yboutput`` sends, from the YugabyteDB documentation and its Debezium connector's tests

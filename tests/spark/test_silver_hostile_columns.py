@@ -1,4 +1,4 @@
-"""Column names are data in the silver MERGE (issue 18 item 3), in both silver engines.
+"""Column names are data in the silver MERGE, in both silver engines.
 
 Before the fix a name with a single quote broke every MERGE of its table, and a name spelled
 like an expression (``x') OR ('1``) turned the TOAST test of the update into another

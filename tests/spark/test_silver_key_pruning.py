@@ -1,4 +1,4 @@
-"""Silver file pruning for keys other than integers (issue 17): uuid, text (long values whose
+"""Silver file pruning for keys other than integers: uuid, text (long values whose
 statistics are cut or dropped among them) and a bigint + text composite key. A merge of a few
 keys reads the key columns only of the files whose Delta statistics can hold them and
 rewrites exactly the files holding them (checked against the files' own rows, not their

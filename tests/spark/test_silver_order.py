@@ -1,4 +1,4 @@
-"""Silver is order-independent (design.md §3 decision 4; issue 6 scope 2; FT-10 replays
+"""Silver is order-independent (design.md §3 decision 4; FT-10 replays
 harmless, STR- delete / tombstone items): the events of a key reach silver in reverse order
 across batches (an older event after a newer one, a replayed delete after a re-insert, a
 delete before its insert, two events of one transaction swapped, a whole batch replayed), and

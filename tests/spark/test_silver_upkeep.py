@@ -1,4 +1,4 @@
-"""Silver file layout and upkeep on real Delta tables (issue 17): the merge rewrites only the
+"""Silver file layout and upkeep on real Delta tables: the merge rewrites only the
 files holding the batch's keys, compaction keeps key clustering and the app transaction,
 vacuum keeps what time travel within the retention needs and removes what is older, a
 checkpoint keeps the app transaction, and delta-rs, DuckDB, Polars and Spark read the same

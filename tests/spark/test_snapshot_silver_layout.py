@@ -1,4 +1,4 @@
-"""The snapshot's silver baseline comes out laid out like compaction's (issue 17): files of
+"""The snapshot's silver baseline comes out laid out like compaction's: files of
 about the target size, each sorted by key, with disjoint key ranges in key order, even when
 the heap is not in key order; the first micro-batch rewrites only the files holding its keys;
 upkeep finds nothing to do on the snapshot's files and, after it has compacted a batch's

@@ -1,4 +1,4 @@
-"""Issue 19's end-to-end scenario, one definition for every place it runs.
+"""The end-to-end scenario, one definition for every place it runs.
 
 The same steps and the same assertions run through the user's path (``dagster job execute``
 subprocesses, :mod:`tests.dagster.test_object_storage_cli`) and through the engine on a

@@ -122,7 +122,7 @@ def _origin(batches: Any) -> Any:
 
 
 def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Issue 19's end-to-end scenario (:mod:`tests.support.e2e_scenario`) on the cluster, once
+    """The end-to-end scenario (:mod:`tests.support.e2e_scenario`) on the cluster, once
     per ``(dsn, lakehouse)``, concurrently, in one application; returns what Spark's REST API
     says about its executors and jobs, and which Python and ``pgcdc_dagster`` they ran."""
     import psycopg2

@@ -1,4 +1,4 @@
-"""Silver reads bronze parts back with only the ``source`` fields it uses (issue 16: half of
+"""Silver reads bronze parts back with only the ``source`` fields it uses (half of
 a part's decoded size is the envelope's ``source``), older parts conformed to the current
 schema (fields added later are null)."""
 

@@ -1,4 +1,4 @@
-"""Column names Delta cannot store side by side (issue 18 item 3)."""
+"""Column names Delta cannot store side by side."""
 
 from __future__ import annotations
 

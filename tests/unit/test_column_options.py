@@ -1,4 +1,4 @@
-"""Column options (issue 4 item 5): parsing, selection, mappers, custom keys, stream shaping.
+"""Column options: parsing, selection, mappers, custom keys, stream shaping.
 
 Seed-inventory IDs: CFG-36/37/38 (column lists, message.key.columns), CFG-46/47/48 and
 TYPE-13/14/15 (truncate, mask, propagate source type), TYPE-16 and EVT-05/06 (key columns

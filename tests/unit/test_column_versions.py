@@ -1,5 +1,5 @@
 """Versioned bronze fields after a column's type change, the schema history keyed by LSN, and
-the evolution helpers (issue 4 item 3; docs/types.md "Schema changes").
+the evolution helpers (docs/types.md "Schema changes").
 
 Encodings are the seeds' (TYPE-01 integers, TYPE-04 Decimal scale, TYPE-08 Timestamp /
 MicroTimestamp); the tests check that a field is reused exactly when its stored values read
@@ -92,7 +92,7 @@ def test_assign_field_versions_in_order():
 
 
 def test_versioned_names_never_take_another_columns_name():
-    """A real column ``c__v2`` (any letter case) and ``c``'s versions stay apart (issue 18)."""
+    """A real column ``c__v2`` (any letter case) and ``c``'s versions stay apart."""
     int4, int8 = field("int4"), field("int8")
     real = field("text", column="c__v2")
     # the real column is committed, or only in the table (new in this run), or differs in case

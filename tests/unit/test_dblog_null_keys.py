@@ -1,4 +1,4 @@
-"""DBLog window dedup with NULL key columns (issue 8 scope 1; INC-10, INC-11): keys compare
+"""DBLog window dedup with NULL key columns (INC-10, INC-11): keys compare
 NULL-equals-NULL, so an in-window change evicts exactly the chunk row with the same key
 (NULLs in the same positions) and no other; the survivors sit at the high watermark."""
 

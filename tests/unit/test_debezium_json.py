@@ -1,4 +1,4 @@
-"""Debezium JSON export of bronze rows (issue 4 item 2), on constructed bronze rows.
+"""Debezium JSON export of bronze rows, on constructed bronze rows.
 
 Fixtures are the seeds' literal examples (seed-inventory EVT-08, EVT-21..25, 000 §7.3) with the
 seeds' own inconsistencies resolved as the inventory says (D-05 snapshot, D-06 sequence, D-11

@@ -1,4 +1,4 @@
-"""File pruning by key ranges for every key type with statistics (issue 17): the Delta
+"""File pruning by key ranges for every key type with statistics: the Delta
 statistics written for dates, timestamps (microseconds, rounded outwards to milliseconds),
 decimals (exact) and strings (cut, with the maximum kept above the cut values) are bounds that
 delta-rs parses back, and a file is pruned only when no batch key can be in it."""

@@ -1,4 +1,4 @@
-"""The mapping of source names to lakehouse paths (issue 18 item 4): ordinary names keep
+"""The mapping of source names to lakehouse paths: ordinary names keep
 their paths, every name maps to one safe segment, the mapping is injective and inverted,
 and no source table lands among the project's own tables."""
 

@@ -108,7 +108,7 @@ def test_tag_values() -> None:
 
 
 def test_table_ids_keep_ordinary_names_and_are_injective() -> None:
-    """The engine's text identity of a table (issue 18): ``"a.b".c`` and ``a."b.c"`` apart."""
+    """The engine's text identity of a table: ``"a.b".c`` and ``a."b.c"`` apart."""
     assert names.table_id("public", "orders") == "public.orders"
     assert names.table_id("a.b", "c") == '"a.b".c'
     assert names.table_id("a", "b.c") == 'a."b.c"'

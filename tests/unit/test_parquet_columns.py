@@ -1,5 +1,5 @@
 """The Parquet leaf columns of a schema are derived from its Arrow types exactly as the
-writer converts them (issue 16: learning them by writing an empty file cost a small table's
+writer converts them (learning them by writing an empty file cost a small table's
 snapshot two writers), and a small first row group is not planned."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Windows handed out in portions (issue 6 item 5), on message sequences recorded from
+"""Windows handed out in portions, on message sequences recorded from
 PostgreSQL 15: for every scenario and portion size, the portions joined with the final window
 equal the window assembled in one piece, column by column, through ``Assembler.feed`` and
 through the COPY fast path (``copy_sink``)."""

@@ -1,4 +1,4 @@
-"""How the snapshot's chunks become Spark tasks (``group_small``, issue 16 item 4): every
+"""How the snapshot's chunks become Spark tasks (``group_small``): every
 chunk exactly once; big tables' chunks alone and first; small tables' chunks in groups of
 at most GROUP_MAX_CHUNKS, at least one per slot; with no big chunk to run first, the first
 wave's groups are short (FIRST_GROUP_CHUNKS), so the first tables are committed and

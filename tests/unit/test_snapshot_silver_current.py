@@ -1,4 +1,4 @@
-"""Issue 16: after a snapshot, the silver catch-up skips only the tables it has nothing for.
+"""After a snapshot, the silver catch-up skips only the tables it has nothing for.
 
 The snapshot commit creates silver at bronze's version (``silver_current``); a capture run
 then reports those tables' silver as caught up without opening either table again, unless

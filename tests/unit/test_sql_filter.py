@@ -1,4 +1,4 @@
-"""The filter grammar (issue 18 item 1): PostgreSQL's parser decides, an allow-list accepts.
+"""The filter grammar: PostgreSQL's parser decides, an allow-list accepts.
 
 Pure: libpg_query through pglast, no server. The server-side layers (EXPLAIN, READ ONLY,
 statement_timeout) and the two signal channels are tested in

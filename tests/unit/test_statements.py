@@ -1,4 +1,4 @@
-"""Statements holding source names never get %-formatted (issue 18): the rule of
+"""Statements holding source names never get %-formatted: the rule of
 ``postgres/statements.py`` held over the whole package, and ``bind`` itself."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 19 item 1: every object-store scheme delta-rs supports is passed on, not refused or
+"""Every object-store scheme delta-rs supports is passed on, not refused or
 rewritten. For ``s3://``/``s3a://``, ``gs://``/``gcs://``, ``az://``/``azure://`` and
 ``abfs(s)://``: the lakehouse root and table URIs keep the scheme, the storage options
 resolved for delta-rs (environment + resource fields) are the ones the scheme reads, and

@@ -1,4 +1,4 @@
-"""What a Spark Python worker imports to run snapshot chunks (issue 16: a cold worker's
+"""What a Spark Python worker imports to run snapshot chunks (a cold worker's
 imports are paid before the first chunk): the task modules, not the Delta writer
 (``deltalake``, the commit-safety checks, the S3 signer): the driver commits, a task never
 does."""

@@ -10,7 +10,7 @@ table, the columns that are constant within a transaction (commit LSN, xid, comm
 (``before``, ``before_key_only``, ``truncate_options``) are padded lazily. After
 :meth:`WindowWriter.end` every list of every segment has the same length.
 
-Portions (bounded memory for huge transactions, issue 6 item 5): with
+Portions (bounded memory for huge transactions): with
 :meth:`WindowWriter.set_portions`, as soon as ``portion_changes`` rows have been written
 since the last portion, the segments written so far are completed (the open run gets its
 ``total_order``, the open transaction's rows their commit LSN, xid, commit time and

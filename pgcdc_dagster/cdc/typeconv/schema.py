@@ -2,7 +2,7 @@
 
 Debezium describes every field with a Kafka Connect schema: a literal type (INT16 ... STRUCT),
 an optional semantic name and version, a doc string and string parameters. :class:`ConnectSchema`
-mirrors that, so that the bronze Arrow type (issue 4 item 3: INT16 -> int16, BYTES -> binary,
+mirrors that, so that the bronze Arrow type (INT16 -> int16, BYTES -> binary,
 ARRAY -> list, MAP -> map, STRUCT -> struct), the ``schema`` part of a Debezium JSON export and
 the ``payload`` value encoding (``JsonConverter``: bytes as base64, non-finite floats as strings)
 all come from one place.
