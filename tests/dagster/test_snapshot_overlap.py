@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pgcdc_dagster.assets import capture_run
-from pgcdc_dagster.capture import runner
+from pgcdc_dagster.capture import run_context, runner
 from pgcdc_dagster.definitions import build_definitions
 from pgcdc_dagster.lake.paths import table_uri
 from pgcdc_dagster.ops.delta_stats import live_row_count, table_stats
@@ -143,7 +143,7 @@ def test_stream_after_the_snapshot_is_reported_apart(pg_dsn, pg_conn, lakehouse,
         for name in ("a", "b"):
             cur.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text); INSERT INTO {name} "
                         "SELECT g, 'v' || g FROM generate_series(1, 100) g")
-    real = capture_run.run_bronze
+    real = run_context.run_bronze
     changed: list[bool] = []
 
     def run_bronze(*args, on_committed, **kwargs):  # the change lands mid-snapshot
@@ -170,7 +170,7 @@ def test_stream_after_the_snapshot_is_reported_apart(pg_dsn, pg_conn, lakehouse,
         streamed.wait(2.0)
         return real_health(*args, **kwargs)
 
-    monkeypatch.setattr(capture_run, "run_bronze", run_bronze)
+    monkeypatch.setattr(run_context, "run_bronze", run_bronze)
     monkeypatch.setattr(runner, "run_windows", run_windows)
     monkeypatch.setattr(capture_run, "slot_health", slot_health)
     defs = build_definitions([("public", "a"), ("public", "b")], {
