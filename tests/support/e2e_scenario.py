@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -202,3 +203,25 @@ def read_back(uri: str) -> dict[str, tuple[int, int]]:
     return {"delta-rs": (live.num_rows, pc.sum(live["id"]).as_py()),
             "polars": (frame.height, frame["id"].sum()),
             "duckdb": (int(got[0]), int(got[1]))}
+
+
+def run_each(spark: Any, runs: list[tuple[str, str]], prefix: str
+             ) -> list[tuple[int, list[str], dict[str, float]]]:
+    """The scenario once per ``(dsn, lakehouse)`` of ``runs``, at the same time, as captures
+    sharing one Spark do (their own databases, slots and lakehouses), through ``spark`` (a
+    session or a handle); per run: the chunks read, their executors and the steps' seconds."""
+    import psycopg2
+
+    def scenario(i: int, dsn: str, lake: str) -> tuple[int, list[str], dict[str, float]]:
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        try:
+            steps = EngineSteps(spark, dsn, lake, f"{prefix}{i}", snapshot_chunk_bytes=16 << 10,
+                                snapshot_spark_threshold_rows=0)
+            seconds = run(steps, conn, lake)["seconds"]
+            return steps.chunks, steps.executors, seconds
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda item: scenario(item[0], *item[1]), enumerate(runs)))

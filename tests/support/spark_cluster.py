@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,8 +124,6 @@ def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, A
     """The end-to-end scenario (:mod:`tests.support.e2e_scenario`) on the cluster, once
     per ``(dsn, lakehouse)``, concurrently, in one application; returns what Spark's REST API
     says about its executors and jobs, and which Python and ``pgcdc_dagster`` they ran."""
-    import psycopg2
-
     from pgcdc_dagster.spark.session import build_session
     from tests.support import e2e_scenario
 
@@ -134,22 +131,9 @@ def drive(master: str, ui_port: int, runs: list[tuple[str, str]]) -> dict[str, A
                           {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port),
                            "spark.executor.memory": "512m", "spark.executor.cores": "1"})
 
-    def scenario(i: int, dsn: str, lake: str) -> tuple[int, list[str], dict[str, float]]:
-        conn = psycopg2.connect(dsn)
-        conn.autocommit = True
-        try:
-            steps = e2e_scenario.EngineSteps(spark, dsn, lake, f"cluster{i}",
-                                             snapshot_chunk_bytes=16 << 10,
-                                             snapshot_spark_threshold_rows=0)
-            seconds = e2e_scenario.run(steps, conn, lake)["seconds"]
-            return steps.chunks, steps.executors, seconds
-        finally:
-            conn.close()
-
     # The lakehouses' scenarios run at the same time, as two captures sharing a cluster do
     # (their own databases, slots and lakehouses): the cluster's executors are shared.
-    with ThreadPoolExecutor(len(runs)) as pool:
-        outcomes = list(pool.map(lambda run: scenario(run[0], *run[1]), enumerate(runs)))
+    outcomes = e2e_scenario.run_each(spark, runs, "cluster")
     origins = spark.range(0, 64).mapInArrow(_origin, "package string, pid bigint").collect()
     apps = get_json(f"http://127.0.0.1:{ui_port}/api/v1/applications")
     api = f"http://127.0.0.1:{ui_port}/api/v1/applications/{apps[0]['id']}"

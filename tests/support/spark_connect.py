@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,29 +104,13 @@ def drive(remote: str, webui: str, runs: list[tuple[str, str]]) -> dict[str, Any
     returns the chunks' executors, where the executors' package came from, what Spark's REST
     API says about the server's jobs, and the session's state after the resource's
     teardown."""
-    import psycopg2
-
-    from resources import SparkResource
+    from pgcdc_dagster.resources import SparkResource
     from tests.support import e2e_scenario
 
     resource = SparkResource(remote=remote, app_name="pgcdc-connect-test")
     handle = resource.lazy()
     assert not handle.created
-
-    def scenario(i: int, dsn: str, lake: str) -> tuple[int, list[str], dict[str, float]]:
-        conn = psycopg2.connect(dsn)
-        conn.autocommit = True
-        try:
-            steps = e2e_scenario.EngineSteps(handle, dsn, lake, f"connect{i}",
-                                             snapshot_chunk_bytes=16 << 10,
-                                             snapshot_spark_threshold_rows=0)
-            seconds = e2e_scenario.run(steps, conn, lake)["seconds"]
-            return steps.chunks, steps.executors, seconds
-        finally:
-            conn.close()
-
-    with ThreadPoolExecutor(len(runs)) as pool:
-        outcomes = list(pool.map(lambda run: scenario(run[0], *run[1]), enumerate(runs)))
+    outcomes = e2e_scenario.run_each(handle, runs, "connect")
     session = handle.get()
     origins = session.range(0, 64).mapInArrow(_origin, "package string, pid bigint").collect()
     apps = get_json(f"{webui}/api/v1/applications")
