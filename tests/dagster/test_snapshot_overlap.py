@@ -36,13 +36,15 @@ ROWS = 2000
 
 
 def _definitions(tables: list[tuple[str, str]], pg_dsn: str, lakehouse: object,
-                 slot: str) -> dg.Definitions:
-    """The definitions of ``tables``, read by one snapshot thread in 1 MiB chunks."""
+                 slot: str, spark_threshold_rows: int = 1_000_000) -> dg.Definitions:
+    """The definitions of ``tables``, read by one snapshot thread in 1 MiB chunks (by Spark
+    when ``spark_threshold_rows`` is 0)."""
     return build_definitions(tables, {
         "postgres": PostgresResource(dsn=pg_dsn),
         "lakehouse": LakehouseResource(root=str(lakehouse)),
         "capture": CaptureResource(tables=r"public\.t\d_.*", slot=slot, publication=slot,
-                                   snapshot_max_threads=1, snapshot_chunk_bytes=1 << 20),
+                                   snapshot_max_threads=1, snapshot_chunk_bytes=1 << 20,
+                                   snapshot_spark_threshold_rows=spark_threshold_rows),
         "spark": SparkResource(),
     }, settings=MonitorSettings())
 
@@ -228,7 +230,10 @@ def test_a_failing_report_stops_the_snapshot(pg_dsn, pg_conn, lakehouse, monkeyp
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(capture_run._Reporter, "report", report)
-    defs = _definitions([("public", t) for t in TABLES], pg_dsn, lakehouse, "dg_stop")
+    # Spark reads the chunks: read in this process, 2,000-row tables are all committed before
+    # the failed report is seen, and nothing is left to stop.
+    defs = _definitions([("public", t) for t in TABLES], pg_dsn, lakehouse, "dg_stop",
+                        spark_threshold_rows=0)
     lake = str(lakehouse)
     with dg.instance_for_test() as instance:
         failed = defs.resolve_job_def("initial_snapshot").execute_in_process(
